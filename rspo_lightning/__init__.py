@@ -1,0 +1,20 @@
+"""rspo_lightning: multi-turn LLM-agent RL (RSPO, GiGPO, GRPO, PPO, ...) on PyTorch Lightning."""
+
+import rspo_lightning.envs  # noqa: F401  (registers the rspo/* gymnasium ids)
+from rspo_lightning.types import IterationBatch, TaskSpec, TrainBatch, Trajectory, Turn
+
+__version__ = "0.1.0"
+
+__all__ = ["AgentRLModule", "AgentDataModule", "TaskSpec", "Turn", "Trajectory", "TrainBatch", "IterationBatch"]
+
+
+def __getattr__(name):  # lazy: importing the package must not import Lightning/transformers
+    if name == "AgentRLModule":
+        from rspo_lightning.module import AgentRLModule
+
+        return AgentRLModule
+    if name == "AgentDataModule":
+        from rspo_lightning.datamodules import AgentDataModule
+
+        return AgentDataModule
+    raise AttributeError(f"module 'rspo_lightning' has no attribute {name!r}")

@@ -1,0 +1,543 @@
+"""Advantage estimators: pure functions from flat per-turn tensors to per-turn advantages.
+
+Every estimator shares one signature::
+
+    xxx_advantages(rewards [N], traj_index [N], group_index [N], turn_index [N], *, ...) -> [N]
+
+One row is one agent turn. The turns of a trajectory are contiguous and in order; a trajectory
+is identified by its ``(group_index, traj_index)`` pair, so ``traj_index`` may be global or
+restart at 0 in every group. ``turn_index`` counts from 0 inside each trajectory. ``rewards``
+are per-turn rewards r_t (an outcome reward sits on the last turn; dense rewards on any turn);
+R(tau) is the sum of a trajectory's r_t and R_t = sum_{k>=t} gamma^{k-t} r_k.
+
+F is the normaliser of a group-relative advantage: ``norm="std"`` divides by the unbiased std
++ 1e-6, ``norm="mean"`` by 1. A group with fewer than two members, or whose members are all
+equal, gives exactly 0 (never NaN).
+
+Everything is computed in float64 on the CPU (N counts turns, not tokens, so this is cheap and
+exact); results come back on ``rewards``' device in its floating dtype (the default dtype for
+integer rewards). The paper -> code map and every deviation: docs/algorithms.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+STD_EPS = 1e-6
+NORMS = ("std", "mean")
+EPISODE_STATS = ("trajectory", "steps")
+CLIP_MODES = ("signal", "inverse_advantage")
+
+
+class GAEResult(NamedTuple):
+    """Output of :func:`gae_advantages`.
+
+    Args:
+        advantages: ``[N]`` per-turn GAE advantage.
+        returns: ``[N]`` advantages + values, the critic's regression target.
+    """
+
+    advantages: Tensor
+    returns: Tensor
+
+
+class A2TGPOResult(NamedTuple):
+    """Output of :func:`a2tgpo_advantages`.
+
+    Args:
+        advantages: ``[N]`` per-turn advantage.
+        clip_eps: ``[N]`` per-turn clip half-width (absolute, in ratio units: ``epsilon`` times a
+            per-turn factor), ready for ``losses.clipped_surrogate(eps_low=..., eps_high=...)``.
+    """
+
+    advantages: Tensor
+    clip_eps: Tensor
+
+
+# ----------------------------------------------------------------------------------------------
+# Layout and validation
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Layout:
+    rewards: Tensor  # [N] float64, CPU
+    traj: Tensor  # [N] dense trajectory id, 0..T-1 in order of appearance
+    group: Tensor  # [N] dense group id, 0..G-1
+    turn: Tensor  # [N] int64 turn index
+    traj_group: Tensor  # [T] dense group id of each trajectory
+    num_traj: int
+    num_groups: int
+    device: torch.device
+    dtype: torch.dtype
+
+    def out(self, x: Tensor) -> Tensor:
+        return x.to(device=self.device, dtype=self.dtype)
+
+    def episode_returns(self) -> Tensor:
+        """``[T]`` R(tau) of each trajectory."""
+        return _scatter_sum(self.rewards, self.traj, self.num_traj)
+
+
+def _as_1d(value: Any, name: str) -> Tensor:
+    t = torch.as_tensor(value)
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D per-turn tensor [N], got shape {tuple(t.shape)}")
+    return t.detach().cpu()
+
+
+def _check_length(name: str, value: Any, n: int) -> None:
+    length = len(value)
+    if length != n:
+        raise ValueError(f"{name} must have one entry per turn (N={n}), got length {length}")
+
+
+def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+def _layout(rewards: Any, traj_index: Any, group_index: Any, turn_index: Any) -> _Layout:
+    r = _as_1d(rewards, "rewards")
+    n = r.shape[0]
+    traj_t = _as_1d(traj_index, "traj_index")
+    group_t = _as_1d(group_index, "group_index")
+    turn_t = _as_1d(turn_index, "turn_index")
+    for name, t in (("traj_index", traj_t), ("group_index", group_t), ("turn_index", turn_t)):
+        _check_length(name, t, n)
+        if t.is_floating_point() or t.is_complex():
+            raise ValueError(f"{name} must be an integer tensor, got dtype {t.dtype}")
+    if not torch.isfinite(r.double()).all():
+        raise ValueError("rewards must be finite, got NaN or inf")
+
+    dtype = rewards.dtype if isinstance(rewards, Tensor) and rewards.is_floating_point() else None
+    device = rewards.device if isinstance(rewards, Tensor) else torch.device("cpu")
+
+    keys = list(zip(group_t.tolist(), traj_t.tolist()))
+    turns = turn_t.tolist()
+    traj_ids: list[int] = []
+    seen: set[tuple[int, int]] = set()
+    for i, key in enumerate(keys):
+        if i > 0 and key == keys[i - 1]:
+            if turns[i] <= turns[i - 1]:
+                raise ValueError(
+                    f"turn_index must increase inside a trajectory, got {turns[i - 1]} then "
+                    f"{turns[i]} at rows {i - 1}, {i} (group {key[0]}, trajectory {key[1]})"
+                )
+            traj_ids.append(traj_ids[-1])
+            continue
+        if key in seen:
+            raise ValueError(
+                f"traj_index: the turns of trajectory {key[1]} in group {key[0]} are not "
+                f"contiguous (it reappears at row {i}); sort the rows by trajectory"
+            )
+        seen.add(key)
+        traj_ids.append(len(seen) - 1)
+
+    _, group_dense = torch.unique(group_t, return_inverse=True)
+    traj = torch.tensor(traj_ids, dtype=torch.long)
+    num_traj = len(seen)
+    traj_group = torch.zeros(num_traj, dtype=torch.long)
+    traj_group[traj] = group_dense.long()
+    return _Layout(
+        rewards=r.double(),
+        traj=traj,
+        group=group_dense.long(),
+        turn=turn_t.long(),
+        traj_group=traj_group,
+        num_traj=num_traj,
+        num_groups=int(group_dense.max()) + 1 if n else 0,
+        device=device,
+        dtype=dtype or torch.get_default_dtype(),
+    )
+
+
+def _dense_ids(keys: Sequence[Hashable]) -> tuple[Tensor, int]:
+    """Dense integer ids for hashable keys, in order of first appearance."""
+    table: dict[Hashable, int] = {}
+    ids = [table.setdefault(k, len(table)) for k in keys]
+    return torch.tensor(ids, dtype=torch.long), len(table)
+
+
+# ----------------------------------------------------------------------------------------------
+# Building blocks
+# ----------------------------------------------------------------------------------------------
+
+
+def _scatter_sum(values: Tensor, ids: Tensor, size: int) -> Tensor:
+    """``[size]`` sums of ``values`` by integer id."""
+    return torch.zeros(size, dtype=values.dtype).index_add_(0, ids, values)
+
+
+def _group_centre(values: Tensor, groups: Tensor, num_groups: int, norm: str) -> Tensor:
+    """(x - mean_group) / F per element; 0 for groups of size < 2 or with all-equal values."""
+    count = _scatter_sum(torch.ones_like(values), groups, num_groups)
+    total = _scatter_sum(values, groups, num_groups)
+    dev = values - (total / count.clamp(min=1))[groups]
+    if norm == "std":
+        sq = _scatter_sum(dev**2, groups, num_groups)
+        std = (sq / (count - 1).clamp(min=1)).sqrt()
+        dev = dev / (std[groups] + STD_EPS)
+    vmax = torch.zeros(num_groups, dtype=values.dtype).scatter_reduce(
+        0, groups, values, "amax", include_self=False
+    )
+    vmin = torch.zeros(num_groups, dtype=values.dtype).scatter_reduce(
+        0, groups, values, "amin", include_self=False
+    )
+    degenerate = (count < 2) | (vmax == vmin)
+    return torch.where(degenerate[groups], torch.zeros_like(dev), dev)
+
+
+def _reverse_scan(x: Tensor, segments: Sequence[Hashable], coef: float) -> Tensor:
+    """y_t = x_t + coef * y_{t+1} while row t+1 is in the same (contiguous) segment."""
+    xs = x.tolist()
+    out = [0.0] * len(xs)
+    running = 0.0
+    for i in range(len(xs) - 1, -1, -1):
+        if i == len(xs) - 1 or segments[i + 1] != segments[i]:
+            running = 0.0
+        running = xs[i] + coef * running
+        out[i] = running
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def _check_unit_interval(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}")
+
+
+def _episode_advantage(lay: _Layout, norm: str, episode_stats: str) -> Tensor:
+    """``[N]`` GRPO-style episode advantage, stats over trajectories or over step samples."""
+    returns = lay.episode_returns()
+    if episode_stats == "trajectory":
+        return _group_centre(returns, lay.traj_group, lay.num_groups, norm)[lay.traj]
+    return _group_centre(returns[lay.traj], lay.group, lay.num_groups, norm)
+
+
+def _check_anchors(anchors: Sequence[str], n: int) -> list[str]:
+    if isinstance(anchors, str):
+        raise ValueError("anchors must be a sequence of N strings, got a single string")
+    _check_length("anchors", anchors, n)
+    return [str(a) for a in anchors]
+
+
+# ----------------------------------------------------------------------------------------------
+# Estimators
+# ----------------------------------------------------------------------------------------------
+
+
+def grpo_advantages(
+    rewards: Tensor,
+    traj_index: Tensor,
+    group_index: Tensor,
+    turn_index: Tensor,
+    *,
+    norm: str = "std",
+) -> Tensor:
+    """GRPO (Shao et al., arXiv 2402.03300), outcome supervision, one advantage per trajectory.
+
+    A(tau_i) = (R(tau_i) - mean_j R(tau_j)) / F over the group's trajectories, broadcast to every
+    turn. ``norm="mean"`` (F = 1) is the Dr. GRPO variant. Deviation: a group with one
+    trajectory or all-equal returns gives exactly 0 rather than relying on the 1e-6.
+    """
+    _check_choice("norm", norm, NORMS)
+    lay = _layout(rewards, traj_index, group_index, turn_index)
+    return lay.out(_episode_advantage(lay, norm, "trajectory"))
+
+
+def rloo_advantages(
+    rewards: Tensor,
+    traj_index: Tensor,
+    group_index: Tensor,
+    turn_index: Tensor,
+) -> Tensor:
+    """RLOO (Ahmadian et al., arXiv 2402.14740): leave-one-out baseline, no std normalisation.
+
+    A(tau_i) = R(tau_i) - mean_{j != i} R(tau_j), broadcast to every turn; a group of one
+    trajectory gives 0. No deviation.
+    """
+    lay = _layout(rewards, traj_index, group_index, turn_index)
+    returns = lay.episode_returns()
+    count = _scatter_sum(torch.ones_like(returns), lay.traj_group, lay.num_groups)
+    total = _scatter_sum(returns, lay.traj_group, lay.num_groups)
+    k = count[lay.traj_group]
+    others = (total[lay.traj_group] - returns) / (k - 1).clamp(min=1)
+    adv = torch.where(k > 1, returns - others, torch.zeros_like(returns))
+    return lay.out(adv[lay.traj])
+
+
+def gae_advantages(
+    rewards: Tensor,
+    traj_index: Tensor,
+    group_index: Tensor,
+    turn_index: Tensor,
+    *,
+    values: Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> GAEResult:
+    """GAE (Schulman et al., arXiv 1506.02438) on the turn-level MDP, for PPO with a critic.
+
+    V(s_t) is the critic's value of turn t (read at the last prompt token); V after the last turn
+    is 0; delta_t = r_t + gamma V(s_{t+1}) - V(s_t); A_t = sum_l (gamma lam)^l delta_{t+l};
+    returns = A + V. Deviation: a truncated episode is treated as terminal (no bootstrap), the
+    common choice for LLM agents. ``group_index`` is unused (kept for the shared signature).
+    """
+    _check_unit_interval("gamma", gamma)
+    _check_unit_interval("lam", lam)
+    lay = _layout(rewards, traj_index, group_index, turn_index)
+    v = _as_1d(values, "values")
+    _check_length("values", v, lay.rewards.shape[0])
+    v = v.double()
+    same_next = torch.zeros_like(lay.traj, dtype=torch.bool)
+    same_next[:-1] = lay.traj[1:] == lay.traj[:-1]
+    v_next = torch.zeros_like(v)
+    v_next[:-1] = v[1:]
+    v_next = torch.where(same_next, v_next, torch.zeros_like(v))
+    delta = lay.rewards + gamma * v_next - v
+    adv = _reverse_scan(delta, lay.traj.tolist(), gamma * lam)
+    return GAEResult(lay.out(adv), lay.out(adv + v))
+
+
+def gigpo_advantages(
+    rewards: Tensor,
+    traj_index: Tensor,
+    group_index: Tensor,
+    turn_index: Tensor,
+    *,
+    anchors: Sequence[str],
+    gamma: float = 0.95,
+    omega: float = 1.0,
+    norm: str = "std",
+    episode_stats: str = "trajectory",
+) -> Tensor:
+    """GiGPO (Feng et al., arXiv 2505.10978): episode + anchor-state step advantages.
+
+    A = A^E + omega * A^S. A^E is GRPO's advantage: ``episode_stats="trajectory"`` takes mean/std
+    over the group's trajectory returns (the paper); ``"steps"`` over all step samples of the
+    group, each carrying its trajectory's return (the released verl-agent code's default). Step
+    groups are the turns of one group with an equal anchor (never pooled across groups);
+    A^S_t = (R_t - mean over the step group) / F with R_t the gamma-discounted return-to-go.
+    Deviation: a singleton step group (and a singleton episode group) gives 0; the released code
+    gives A^E = R(tau) for a group of one trajectory.
+    """
+    _check_choice("norm", norm, NORMS)
+    _check_choice("episode_stats", episode_stats, EPISODE_STATS)
+    _check_unit_interval("gamma", gamma)
+    lay = _layout(rewards, traj_index, group_index, turn_index)
+    names = _check_anchors(anchors, lay.rewards.shape[0])
+    episode = _episode_advantage(lay, norm, episode_stats)
+    step_ids, num_steps = _dense_ids(list(zip(lay.group.tolist(), names)))
+    returns_to_go = _reverse_scan(lay.rewards, lay.traj.tolist(), gamma)
+    step = _group_centre(returns_to_go, step_ids, num_steps, norm)
+    return lay.out(episode + omega * step)
+
+
+def success_rate_weights(
+    p: float, *, alpha: float = 4.0, target_range: float = 0.05
+) -> tuple[float, float]:
+    """ProxMO's success-rate-aware episode weights ``(w_plus, w_minus)`` for success rate ``p``.
+
+    w+ = 1 + beta (sigmoid((1-p)^alpha) - 1/2) multiplies successful trajectories' A^E and
+    w- = 1 + beta (sigmoid(-p^alpha) - 1/2) failed ones'. Over p in [0, 1] the largest |w - 1| is
+    beta (sigmoid(1) - 1/2) (at p = 0 for w+, p = 1 for w-), so beta = target_range /
+    (sigmoid(1) - 1/2) makes the weights span exactly [1 - target_range, 1 + target_range].
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"success rate p must be in [0, 1], got {p}")
+    if alpha <= 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
+    if target_range < 0:
+        raise ValueError(f"target_range must be >= 0, got {target_range}")
+
+    def sigmoid(x: float) -> float:
+        return 1.0 / (1.0 + math.exp(-x))
+
+    beta = target_range / (sigmoid(1.0) - 0.5)
+    w_plus = 1.0 + beta * (sigmoid((1.0 - p) ** alpha) - 0.5)
+    w_minus = 1.0 + beta * (sigmoid(-(p**alpha)) - 0.5)
+    return w_plus, w_minus
+
+
+def tfidf_cosine_similarity(docs: Sequence[str]) -> Tensor:
+    """``[n, n]`` float64 cosine similarity of TF-IDF vectors of ``docs`` (fit on ``docs`` only).
+
+    Whitespace tokens, raw term counts, smoothed idf = log((1 + n) / (1 + df)) + 1 (scikit-learn's
+    default formula), rows L2-normalised. Identical strings get similarity exactly 1 (this also
+    covers empty strings, whose TF-IDF vector is zero).
+    """
+    tokens = [d.split() for d in docs]
+    vocab = {tok: j for j, tok in enumerate(sorted({t for doc in tokens for t in doc}))}
+    n = len(docs)
+    tf = torch.zeros(n, len(vocab), dtype=torch.float64)
+    for i, doc in enumerate(tokens):
+        for tok in doc:
+            tf[i, vocab[tok]] += 1.0
+    df = (tf > 0).sum(dim=0).double()
+    x = tf * (torch.log((1.0 + n) / (1.0 + df)) + 1.0)
+    x = x / x.norm(dim=1, keepdim=True).clamp(min=1e-12)
+    sim = x @ x.T
+    ids, _ = _dense_ids(list(docs))
+    return torch.where(ids[:, None] == ids[None, :], torch.ones_like(sim), sim)
+
+
+def proxmo_advantages(
+    rewards: Tensor,
+    traj_index: Tensor,
+    group_index: Tensor,
+    turn_index: Tensor,
+    *,
+    anchors: Sequence[str],
+    success: Tensor,
+    alpha: float = 4.0,
+    target_range: float = 0.05,
+    tau: float = 0.1,
+    gamma: float = 0.95,
+    omega: float = 1.0,
+    norm: str = "std",
+    episode_stats: str = "trajectory",
+) -> Tensor:
+    """ProxMO (Fang et al., arXiv 2602.19225): GiGPO with modulated A^E and a soft step baseline.
+
+    A = w * A^E + omega * A^S. A^E is GiGPO's episode advantage; w = w+ for successful and w- for
+    failed trajectories, from the group's success rate p (see :func:`success_rate_weights`).
+    A^S_i = R_i - sum_j W_ij R_j with W = softmax(S / tau) row-wise over the group's step samples
+    (self included) and S the TF-IDF cosine similarity of their anchors; R_i is the discounted
+    return-to-go. Choices where the paper or code differ (docs/algorithms.md): p from success
+    flags (the code uses the group's mean reward); a trajectory succeeded if any of its turns is
+    flagged; TF-IDF fit per group on whitespace tokens (the code fits scikit-learn on the whole
+    batch with its regex tokenizer); A^S is not divided by a std; alpha=4, target_range=0.05
+    (the code's psc_alpha=5, psc_beta=0.866).
+    """
+    _check_choice("norm", norm, NORMS)
+    _check_choice("episode_stats", episode_stats, EPISODE_STATS)
+    _check_unit_interval("gamma", gamma)
+    if tau <= 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    lay = _layout(rewards, traj_index, group_index, turn_index)
+    n = lay.rewards.shape[0]
+    names = _check_anchors(anchors, n)
+    ok = _as_1d(success, "success")
+    _check_length("success", ok, n)
+
+    traj_success = torch.zeros(lay.num_traj, dtype=torch.float64).scatter_reduce(
+        0, lay.traj, ok.double().clamp(0, 1), "amax", include_self=False
+    )
+    count = _scatter_sum(torch.ones_like(traj_success), lay.traj_group, lay.num_groups)
+    wins = _scatter_sum(traj_success, lay.traj_group, lay.num_groups)
+    rate = (wins / count.clamp(min=1)).tolist()
+    weights = [success_rate_weights(p, alpha=alpha, target_range=target_range) for p in rate]
+    w_plus = torch.tensor([w[0] for w in weights], dtype=torch.float64)
+    w_minus = torch.tensor([w[1] for w in weights], dtype=torch.float64)
+    traj_w = torch.where(traj_success > 0, w_plus[lay.traj_group], w_minus[lay.traj_group])
+    episode = traj_w[lay.traj] * _episode_advantage(lay, norm, episode_stats)
+
+    returns_to_go = _reverse_scan(lay.rewards, lay.traj.tolist(), gamma)
+    step = torch.zeros(n, dtype=torch.float64)
+    for g in range(lay.num_groups):
+        rows = (lay.group == g).nonzero().squeeze(1)
+        sim = tfidf_cosine_similarity([names[i] for i in rows.tolist()])
+        w = torch.softmax(sim / tau, dim=1)
+        step[rows] = returns_to_go[rows] - w @ returns_to_go[rows]
+    return lay.out(episode + omega * step)
+
+
+def a2tgpo_advantages(
+    rewards: Tensor,
+    traj_index: Tensor,
+    group_index: Tensor,
+    turn_index: Tensor,
+    *,
+    signals: Tensor,
+    gamma: float = 1.0,
+    epsilon: float = 0.2,
+    clip_mode: str = "signal",
+    kappa: float = 0.5,
+    delta: float = 0.5,
+    beta: float = 1.0,
+    turn_group_size: int | None = None,
+    norm: str = "std",
+) -> A2TGPOResult:
+    """A²TGPO (Chen et al., arXiv 2605.06200): turn-group-normalised signals, adaptive clipping.
+
+    ghat_t = per-turn signal z-scored within its (group, turn index) cell (0 for a single element
+    or zero std). A_t = A^E + sum_{k>=t} gamma^{k-t} ghat_k / sqrt(number of terms), A^E as GRPO
+    (``norm`` applies to A^E only). ``turn_group_size=m`` stops the sum at the boundaries of
+    turn blocks [0..m-1], [m..2m-1], ... clip_eps: ``"signal"`` (paper) eps * clamp(1 + kappa
+    ghat_t, 1 - delta, 1 + delta); ``"inverse_advantage"`` (the seed's description)
+    eps / (1 + beta |A_t|). Deviation: the paper's signal is information gain; here it is
+    whatever per-turn signal the caller passes (the turn's dense reward in this package).
+    """
+    _check_choice("norm", norm, NORMS)
+    _check_choice("clip_mode", clip_mode, CLIP_MODES)
+    _check_unit_interval("gamma", gamma)
+    if epsilon <= 0:
+        raise ValueError(f"epsilon must be > 0, got {epsilon}")
+    if not 0.0 <= delta < 1.0:
+        raise ValueError(f"delta must be in [0, 1) so clip_eps stays positive, got {delta}")
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    if turn_group_size is not None and (
+        not isinstance(turn_group_size, int)
+        or isinstance(turn_group_size, bool)
+        or turn_group_size < 1
+    ):
+        raise ValueError(
+            f"turn_group_size must be a positive integer or None, got {turn_group_size!r}"
+        )
+    lay = _layout(rewards, traj_index, group_index, turn_index)
+    n = lay.rewards.shape[0]
+    g = _as_1d(signals, "signals")
+    _check_length("signals", g, n)
+    g = g.double()
+    if not torch.isfinite(g).all():
+        raise ValueError("signals must be finite, got NaN or inf")
+
+    episode = _episode_advantage(lay, norm, "trajectory")
+    cells, num_cells = _dense_ids(list(zip(lay.group.tolist(), lay.turn.tolist())))
+    ghat = _group_centre(g, cells, num_cells, "std")
+    if turn_group_size is None:
+        segments: list[Hashable] = lay.traj.tolist()
+    else:
+        segments = list(zip(lay.traj.tolist(), (lay.turn // turn_group_size).tolist()))
+    acc = _reverse_scan(ghat, segments, gamma)
+    terms = _reverse_scan(torch.ones(n, dtype=torch.float64), segments, 1.0)
+    adv = episode + acc / terms.sqrt()
+    if clip_mode == "signal":
+        clip_eps = epsilon * (1.0 + kappa * ghat).clamp(1.0 - delta, 1.0 + delta)
+    else:
+        clip_eps = epsilon / (1.0 + beta * adv.abs())
+    return A2TGPOResult(lay.out(adv), lay.out(clip_eps))
+
+
+# ----------------------------------------------------------------------------------------------
+# Registry
+# ----------------------------------------------------------------------------------------------
+
+ESTIMATORS: dict[str, Callable[..., Any]] = {
+    "grpo": grpo_advantages,
+    "rloo": rloo_advantages,
+    "gae": gae_advantages,
+    "gigpo": gigpo_advantages,
+    "proxmo": proxmo_advantages,
+    "a2tgpo": a2tgpo_advantages,
+}
+
+
+def compute_advantages(name: str, **kwargs: Any) -> Any:
+    """Run the estimator called ``name`` with ``kwargs`` (rewards, traj_index, ... included).
+
+    Returns what the estimator returns: a ``[N]`` tensor, or :class:`GAEResult` /
+    :class:`A2TGPOResult` for ``"gae"`` / ``"a2tgpo"``.
+    """
+    if name not in ESTIMATORS:
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; valid estimators: {sorted(ESTIMATORS)}"
+        )
+    return ESTIMATORS[name](**kwargs)

@@ -1,0 +1,142 @@
+"""From trajectories to the flat per-turn tensors of the estimators and the padded TrainBatch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from rspo_lightning.types import Trajectory, TrainBatch, Turn
+
+
+@dataclass
+class FlatTurns:
+    """Per-turn tensors over a list of trajectories (turns of a trajectory contiguous, in order).
+
+    Args:
+        turns: the Turn objects, in the same order.
+        rewards: ``[N]`` per-turn reward the estimator sees (outcome, or outcome + dense).
+        traj_index: ``[N]`` index of the trajectory in the input list.
+        group_index: ``[N]`` dense index of the trajectory's group (by ``task.group_id``).
+        turn_index: ``[N]`` position of the turn in its trajectory.
+        success: ``[N]`` bool, the trajectory was won.
+        invalid: ``[N]`` bool, the turn's action was invalid.
+        is_replay: ``[N]`` bool, the trajectory came from a replay buffer.
+        anchors: per-turn anchor strings.
+        dense: ``[N]`` per-turn dense reward.
+    """
+
+    turns: list[Turn]
+    rewards: torch.Tensor
+    traj_index: torch.Tensor
+    group_index: torch.Tensor
+    turn_index: torch.Tensor
+    success: torch.Tensor
+    invalid: torch.Tensor
+    is_replay: torch.Tensor
+    anchors: list[str]
+    dense: torch.Tensor
+
+
+def flatten(trajectories: Sequence[Trajectory], reward_mode: str = "outcome") -> FlatTurns:
+    """Flatten trajectories into per-turn tensors; ``reward_mode`` picks the reward each turn carries."""
+    if reward_mode not in ("outcome", "dense"):
+        raise ValueError(f"reward_mode must be 'outcome' or 'dense', got {reward_mode!r}")
+    turns, rewards, traj_idx, group_idx, turn_idx, success, invalid, replay, anchors, dense = ([] for _ in range(10))
+    group_ids: dict[tuple, int] = {}
+    for i, traj in enumerate(trajectories):
+        # Replay groups and on-policy groups never share an index, even with equal group_id.
+        key = (traj.source, traj.task.group_id)
+        g = group_ids.setdefault(key, len(group_ids))
+        for t, turn in enumerate(traj.turns):
+            turns.append(turn)
+            r = turn.outcome_reward + (turn.dense_reward if reward_mode == "dense" else 0.0)
+            rewards.append(r)
+            traj_idx.append(i)
+            group_idx.append(g)
+            turn_idx.append(t)
+            success.append(traj.success)
+            invalid.append(not turn.valid)
+            replay.append(traj.source == "replay")
+            anchors.append(turn.anchor)
+            dense.append(turn.dense_reward)
+    return FlatTurns(
+        turns=turns,
+        rewards=torch.tensor(rewards, dtype=torch.float32),
+        traj_index=torch.tensor(traj_idx, dtype=torch.long),
+        group_index=torch.tensor(group_idx, dtype=torch.long),
+        turn_index=torch.tensor(turn_idx, dtype=torch.long),
+        success=torch.tensor(success, dtype=torch.bool),
+        invalid=torch.tensor(invalid, dtype=torch.bool),
+        is_replay=torch.tensor(replay, dtype=torch.bool),
+        anchors=anchors,
+        dense=torch.tensor(dense, dtype=torch.float32),
+    )
+
+
+def pad_turns(turns: Sequence[Turn], pad_id: int) -> dict[str, torch.Tensor]:
+    """Left-pad prompt+response so every response ends at the last column.
+
+    Returns ``input_ids``/``attention_mask`` ``[N, L]`` and response-window tensors ``[N, T]``
+    (T = longest response; column j is absolute position L - T + j): ``targets``,
+    ``response_mask``, ``behaviour_logprobs``, ``allowed_ids`` ``[N, T, K]`` (or absent), and
+    ``value_positions`` ``[N]`` (the last prompt token).
+    """
+    n = len(turns)
+    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in turns]
+    width = max(lengths)
+    window = max(len(t.response_ids) for t in turns)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    response_mask = torch.zeros((n, window), dtype=torch.bool)
+    behaviour = torch.zeros((n, window), dtype=torch.float32)
+    value_positions = torch.zeros(n, dtype=torch.long)
+    constrained = any(t.allowed_ids is not None for t in turns)
+    k = max((t.allowed_ids.shape[1] for t in turns if t.allowed_ids is not None), default=1)
+    allowed = torch.full((n, window, k), -1, dtype=torch.long) if constrained else None
+    for i, t in enumerate(turns):
+        r = len(t.response_ids)
+        seq = torch.cat([t.prompt_ids, t.response_ids])
+        input_ids[i, width - len(seq):] = seq
+        attention[i, width - len(seq):] = 1
+        response_mask[i, window - r:] = True
+        behaviour[i, window - r:] = t.behaviour_logprobs
+        value_positions[i] = width - r - 1
+        if allowed is not None and t.allowed_ids is not None:
+            allowed[i, window - r:, : t.allowed_ids.shape[1]] = t.allowed_ids
+    out = {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "response_mask": response_mask,
+        "behaviour_logprobs": behaviour,
+        "value_positions": value_positions,
+    }
+    if allowed is not None:
+        out["allowed_ids"] = allowed
+    return out
+
+
+def make_train_batch(
+    flat: FlatTurns,
+    pad_id: int,
+    advantages: torch.Tensor,
+    returns: torch.Tensor | None = None,
+    clip_eps: torch.Tensor | None = None,
+) -> TrainBatch:
+    """Assemble the TrainBatch; ``old_logprobs`` start as the behaviour log-probs (scored later)."""
+    padded = pad_turns(flat.turns, pad_id)
+    n = len(flat.turns)
+    return TrainBatch(
+        input_ids=padded["input_ids"],
+        attention_mask=padded["attention_mask"],
+        response_mask=padded["response_mask"],
+        behaviour_logprobs=padded["behaviour_logprobs"],
+        old_logprobs=padded["behaviour_logprobs"].clone(),
+        advantages=advantages.float(),
+        returns=returns.float() if returns is not None else torch.zeros(n),
+        clip_eps=clip_eps.float() if clip_eps is not None else torch.ones(n),
+        is_replay=flat.is_replay,
+        value_positions=padded["value_positions"],
+        allowed_ids=padded.get("allowed_ids"),
+    )

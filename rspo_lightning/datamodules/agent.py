@@ -1,0 +1,168 @@
+"""AgentDataModule: streams *what to play* (task specs, sharded by rank) and *what to replay*.
+
+Rollouts are generated in the module's ``training_step`` (never in a DataLoader): this module
+only says which tasks to play each iteration. Task ids of iteration ``n`` are a pure function of
+``(seed, n)``, so a resumed run plays the same tasks as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Callable, Iterator
+
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader, IterableDataset
+
+from rspo_lightning.config import EnvConfig
+from rspo_lightning.envs import make_env
+from rspo_lightning.types import IterationBatch, TaskSpec, Trajectory
+
+
+def _identity(x):
+    return x
+
+
+def _rng(*parts: object) -> random.Random:
+    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "little"))
+
+
+class _TaskStream(IterableDataset):
+    """Yields ``iterations_per_epoch`` IterationBatches for the epoch the datamodule is in."""
+
+    def __init__(self, dm: "AgentDataModule"):
+        self.dm = dm
+
+    def __len__(self) -> int:
+        return self.dm.iterations_per_epoch
+
+    def __iter__(self) -> Iterator[IterationBatch]:
+        dm = self.dm
+        epoch = dm.trainer.current_epoch if dm.trainer is not None else 0
+        for i in range(dm.iterations_per_epoch):
+            yield dm.iteration_batch(epoch * dm.iterations_per_epoch + i)
+
+
+class _ValTasks(IterableDataset):
+    def __init__(self, batches: list[IterationBatch]):
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+class AgentDataModule(pl.LightningDataModule):
+    """Task groups to play each RL iteration, plus held-out validation tasks.
+
+    Args:
+        env: the environment (id + ``gymnasium.make`` kwargs); the module plays the same env.
+        groups_per_iteration: task groups per iteration over all ranks (must divide by world size).
+        group_size: episodes per task group (G); >= 2 for group-relative estimators.
+        iterations_per_epoch: RL iterations per Lightning epoch (validation runs at epoch ends).
+        train_split: split the training tasks come from.
+        val_splits: splits validated on (``valid_seen`` logs as ``val/*``, others as ``val_<name>/*``).
+        num_val_tasks: tasks per validation split (capped by the split size; None = all).
+        val_groups_per_batch: validation tasks per ``validation_step`` (one batched rollout).
+        seed: seed of task sampling.
+    """
+
+    def __init__(
+        self,
+        env: EnvConfig = EnvConfig(),
+        groups_per_iteration: int = 16,
+        group_size: int = 8,
+        iterations_per_epoch: int = 10,
+        train_split: str = "train",
+        val_splits: list[str] = ["valid_seen", "valid_unseen"],
+        num_val_tasks: int | None = 64,
+        val_groups_per_batch: int = 64,
+        seed: int = 0,
+    ):
+        super().__init__()
+        if groups_per_iteration < 1:
+            raise ValueError(f"data.groups_per_iteration must be >= 1, got {groups_per_iteration}")
+        if group_size < 1:
+            raise ValueError(f"data.group_size must be >= 1, got {group_size}")
+        if iterations_per_epoch < 1:
+            raise ValueError(f"data.iterations_per_epoch must be >= 1, got {iterations_per_epoch}")
+        self.env = env
+        self.groups_per_iteration = groups_per_iteration
+        self.group_size = group_size
+        self.iterations_per_epoch = iterations_per_epoch
+        self.train_split = train_split
+        self.val_splits = list(val_splits)
+        self.num_val_tasks = num_val_tasks
+        self.val_groups_per_batch = val_groups_per_batch
+        self.seed = seed
+        self._num_tasks: dict[str, int] = {}
+        # Set by an RSPO-style callback: returns (replay groups, reward_mode) for an iteration.
+        self.replay_source: Callable[[int], tuple[list[list[Trajectory]], str]] | None = None
+        self._probe_env()
+
+    def _probe_env(self) -> None:
+        env = make_env(self.env.env_id, **self.env.kwargs)  # fails at startup on a bad id/kwargs
+        u = env.unwrapped
+        for split in [self.train_split, *self.val_splits]:
+            if split not in getattr(u, "splits", (split,)):
+                raise ValueError(f"split {split!r} is not offered by {self.env.env_id}; it has {list(u.splits)}")
+            self._num_tasks[split] = int(u.num_tasks(split))
+        env.close()
+
+    # -- rank sharding -------------------------------------------------------------------
+    def _rank_world(self) -> tuple[int, int]:
+        if self.trainer is None:
+            return 0, 1
+        return self.trainer.global_rank, self.trainer.world_size
+
+    def setup(self, stage: str) -> None:
+        _, world = self._rank_world()
+        if self.groups_per_iteration % world:
+            raise ValueError(
+                f"data.groups_per_iteration ({self.groups_per_iteration}) must be divisible by the number of ranks ({world}); "
+                f"use a multiple of {world}"
+            )
+
+    def iteration_tasks(self, n: int) -> list[TaskSpec]:
+        """All ranks' task specs of iteration ``n`` (group ids unique over the run)."""
+        total = self._num_tasks[self.train_split]
+        rng = _rng("train", self.seed, n)
+        ids = [rng.randrange(total) for _ in range(self.groups_per_iteration)]
+        return [
+            TaskSpec(self.env.env_id, self.train_split, tid, group_id=n * self.groups_per_iteration + g)
+            for g, tid in enumerate(ids)
+        ]
+
+    def iteration_batch(self, n: int) -> IterationBatch:
+        """This rank's IterationBatch for iteration ``n`` (groups never split across ranks)."""
+        rank, world = self._rank_world()
+        tasks = self.iteration_tasks(n)[rank::world]
+        replay, mode = self.replay_source(n) if self.replay_source is not None else ([], "outcome")
+        return IterationBatch(tasks=tasks, group_size=self.group_size, replay=replay, reward_mode=mode)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(_TaskStream(self), batch_size=None, collate_fn=_identity)
+
+    def val_tasks(self, split: str) -> list[TaskSpec]:
+        total = self._num_tasks[split]
+        n = total if self.num_val_tasks is None else min(self.num_val_tasks, total)
+        return [TaskSpec(self.env.env_id, split, i, group_id=i) for i in range(n)]
+
+    def val_dataloader(self) -> list[DataLoader]:
+        rank, world = self._rank_world()
+        loaders = []
+        for split in self.val_splits:
+            mine = self.val_tasks(split)[rank::world]
+            step = max(1, self.val_groups_per_batch)
+            batches = [IterationBatch(tasks=mine[s:s + step], group_size=1) for s in range(0, len(mine), step)]
+            loaders.append(DataLoader(_ValTasks(batches), batch_size=None, collate_fn=_identity))
+        return loaders
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed = int(state.get("seed", self.seed))

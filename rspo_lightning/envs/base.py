@@ -1,0 +1,167 @@
+"""The TextEnv contract (DESIGN §5) and the `rspo/` environment registry.
+
+Every environment in `rspo_lightning.envs` is a `gymnasium.Env` whose observations and actions
+are strings. `TextEnv` fixes the spaces, the info keys and the "any input is legal" rule; the
+subclasses implement the game. The registry helpers wrap `gymnasium.register` / `gymnasium.make`
+so that a typo in an env id fails with the list of ids that do exist.
+"""
+
+from __future__ import annotations
+
+import numbers
+import random
+import string
+from typing import Any
+
+import gymnasium
+from gymnasium import spaces
+
+#: Characters the text spaces accept: every printable ASCII character, whitespace included.
+TEXT_CHARSET = string.printable
+#: Longest observation or action the spaces declare. `step` accepts longer inputs anyway.
+MAX_TEXT_LENGTH = 16384
+#: What every text env answers to an action it cannot carry out.
+NOTHING_HAPPENS = "Nothing happens."
+#: Prefix of the ids this package registers.
+ENV_ID_PREFIX = "rspo/"
+
+
+def normalize_action(action: Any) -> str | None:
+    """Return `action` stripped, with runs of whitespace collapsed to one space, lowercased.
+
+    Returns None for anything that is not a `str` (None, bytes, numbers, ...), so callers can
+    treat it as an invalid action without raising.
+    """
+    if not isinstance(action, str):
+        return None
+    return " ".join(action.split()).lower()
+
+
+class TextEnv(gymnasium.Env):
+    """Base class of the text environments (DESIGN §5).
+
+    Contract for subclasses:
+
+    - `reset(seed=None, options={"split": str, "task_id": int})` returns `(observation, info)`.
+      `info` holds `task` (the instruction), `task_type`, `admissible_actions` (list[str] or
+      None), `anchor` (hashable state key), `privileged` (full-state text or None), `won`,
+      `score`, `progress`, `invalid`.
+    - `step(action)` returns `(observation, reward, terminated, truncated, info)` with the same
+      info keys. `reward` is the outcome reward: the env's `success_reward` on the winning step,
+      else 0.0. Any input must be accepted: an unknown or malformed action (non-str included,
+      and any action after the episode ended) returns `NOTHING_HAPPENS` with `invalid=True` and
+      leaves the state unchanged.
+    - `num_tasks(split)` and the `splits` attribute say which `(split, task_id)` pairs exist.
+    - `expert_action()` returns the next action of an expert plan from the current state.
+    """
+
+    metadata = {"render_modes": ["ansi"]}
+    #: Task splits this env serves; subclasses override.
+    splits: tuple[str, ...] = ("train",)
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        self.render_mode = render_mode
+        self.observation_space = spaces.Text(max_length=MAX_TEXT_LENGTH, min_length=0, charset=TEXT_CHARSET)
+        self.action_space = spaces.Text(max_length=MAX_TEXT_LENGTH, min_length=0, charset=TEXT_CHARSET)
+        self._last_observation = ""
+
+    # -- contract -------------------------------------------------------------------------------
+
+    def num_tasks(self, split: str) -> int:
+        """Number of tasks in `split`; task ids are `0 .. num_tasks(split) - 1`."""
+        raise NotImplementedError
+
+    def expert_action(self) -> str:
+        """Next action of an expert that solves the current task from the current state."""
+        raise NotImplementedError
+
+    def render(self) -> str | None:
+        """Return the last observation when `render_mode == "ansi"`."""
+        return self._last_observation if self.render_mode == "ansi" else None
+
+    def check_split(self, split: Any) -> str:
+        """Return `split` if it is one of `self.splits`, else raise a ValueError naming them."""
+        if split not in self.splits:
+            raise ValueError(f"split must be one of {list(self.splits)}, got {split!r}")
+        return split
+
+    def check_task_id(self, split: str, task_id: Any) -> int:
+        """Return `task_id` as int if it is in `range(num_tasks(split))`, else raise ValueError."""
+        n = self.num_tasks(split)
+        if isinstance(task_id, bool) or not isinstance(task_id, numbers.Integral) or not 0 <= task_id < n:
+            raise ValueError(f"task_id must be an int in [0, {n}) for split {split!r}, got {task_id!r}")
+        return int(task_id)
+
+    # -- tokenizer corpus -----------------------------------------------------------------------
+
+    def sample_texts(self, num_tasks: int = 30, seed: int = 0) -> list[str]:
+        """Play tasks from every split and return every text the env showed.
+
+        Plays task ids `0 .. min(num_tasks, num_tasks(split)) - 1` of each split, choosing the
+        expert's action with probability 0.7 and a random admissible action otherwise (an rng
+        seeded by `seed`), and returns the observations, task instructions and every admissible
+        action string seen. Envs with a finite word list (a `vocabulary()` method) add it as one
+        extra string, so a word-level tokenizer trained on the result covers everything the env
+        can print. Leaves the env in the state of the last episode played; call `reset` after.
+        """
+        rng = random.Random(seed)
+        texts: list[str] = []
+        for split in self.splits:
+            for task_id in range(min(num_tasks, self.num_tasks(split))):
+                obs, info = self.reset(options={"split": split, "task_id": task_id})
+                texts.append(obs)
+                texts.append(info["task"])
+                # A hard cap guards against envs whose own max_steps is huge.
+                for _ in range(1000):
+                    admissible = info.get("admissible_actions")
+                    if admissible:
+                        texts.extend(admissible)
+                    if admissible and rng.random() < 0.3:
+                        action = rng.choice(admissible)
+                    else:
+                        action = self.expert_action()
+                    obs, _, terminated, truncated, info = self.step(action)
+                    texts.append(obs)
+                    if terminated or truncated:
+                        break
+        vocabulary = getattr(self, "vocabulary", None)
+        if callable(vocabulary):
+            texts.append(" ".join(vocabulary()))
+        return texts
+
+
+# -- registry ----------------------------------------------------------------------------------
+
+
+def register_env(env_id: str, entry_point: str) -> None:
+    """Register `env_id` with gymnasium; calling it again with the same entry point is a no-op.
+
+    Raises ValueError when `env_id` is already registered with a different entry point.
+    """
+    existing = gymnasium.registry.get(env_id)
+    if existing is not None:
+        if existing.entry_point != entry_point:
+            raise ValueError(
+                f"env id {env_id!r} is already registered with entry point "
+                f"{existing.entry_point!r}, not {entry_point!r}; pick another id"
+            )
+        return
+    gymnasium.register(id=env_id, entry_point=entry_point)
+
+
+def registered_env_ids() -> list[str]:
+    """Sorted ids of the registered environments that start with `rspo/`."""
+    return sorted(env_id for env_id in gymnasium.registry if env_id.startswith(ENV_ID_PREFIX))
+
+
+def make_env(env_id: str, **kwargs: Any) -> gymnasium.Env:
+    """`gymnasium.make(env_id, **kwargs)` for a registered `rspo/` id.
+
+    Raises ValueError naming the bad id and listing the registered `rspo/` ids when `env_id`
+    is unknown.
+    """
+    if env_id not in gymnasium.registry:
+        raise ValueError(f"unknown env id {env_id!r}; registered rspo envs: {registered_env_ids()}")
+    return gymnasium.make(env_id, **kwargs)

@@ -1,0 +1,199 @@
+"""Policy and critic losses: pure functions over padded ``[N, L]`` token tensors.
+
+N = turn samples, L = padded length; ``response_mask`` marks the tokens trained on. Log-probs
+are aligned to the token they score and only read where the mask is set, so padding may hold
+anything (0, -inf, garbage) without producing NaN in the loss or its gradient.
+The paper -> code map and deviations: docs/algorithms.md.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+KL_KINDS = ("k1", "k3", "low_var_kl")
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``x`` where ``mask`` is non-zero (``mask`` may be bool or float weights).
+
+    Entries outside the mask are never read (NaN/inf there do not leak); an empty mask gives 0,
+    with a zero (not NaN) gradient.
+    """
+    mask = mask.to(x.dtype)
+    x = torch.where(mask != 0, x, torch.zeros_like(x))
+    if dim is None:
+        total, count = (x * mask).sum(), mask.sum()
+    else:
+        total, count = (x * mask).sum(dim), mask.sum(dim)
+    nonempty = count != 0
+    return torch.where(nonempty, total / torch.where(nonempty, count, torch.ones_like(count)), 0.0)
+
+
+def aggregate(loss_mat: Tensor, mask: Tensor, agg: str = "token-mean") -> Tensor:
+    """Reduce a per-token loss ``[N, L]`` to a scalar.
+
+    ``"token-mean"``: sum over all response tokens / number of response tokens.
+    ``"seq-mean-token-mean"``: mean over each row's tokens, then mean over rows.
+    ``"seq-mean-token-sum"``: sum over each row's tokens, then mean over rows.
+    The row means skip rows without response tokens; an all-empty batch gives 0.
+    """
+    if agg not in AGGREGATIONS:
+        raise ValueError(f"agg must be one of {list(AGGREGATIONS)}, got {agg!r}")
+    if agg == "token-mean":
+        return masked_mean(loss_mat, mask)
+    mask = mask.to(loss_mat.dtype)
+    has_tokens = mask.sum(-1) != 0
+    if agg == "seq-mean-token-mean":
+        per_row = masked_mean(loss_mat, mask, dim=-1)
+    else:
+        per_row = (torch.where(mask != 0, loss_mat, torch.zeros_like(loss_mat)) * mask).sum(-1)
+    return masked_mean(per_row, has_tokens)
+
+
+def _per_row(x: Tensor | float, name: str, n: int, like: Tensor) -> Tensor | float:
+    """A float, or an ``[N]`` / ``[N, L]`` tensor made broadcastable against ``[N, L]``."""
+    if not isinstance(x, Tensor):
+        return float(x)
+    x = x.to(device=like.device, dtype=like.dtype)
+    if x.dim() == 0:
+        return x
+    if x.dim() == 1:
+        if x.shape[0] != n:
+            raise ValueError(
+                f"{name} must have one entry per row (N={n}), got shape {tuple(x.shape)}"
+            )
+        return x.unsqueeze(-1)
+    if x.shape != like.shape:
+        raise ValueError(f"{name} must be [N] or [N, L]={tuple(like.shape)}, got {tuple(x.shape)}")
+    return x
+
+
+def clipped_surrogate(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    eps_low: float | Tensor = 0.2,
+    eps_high: float | Tensor = 0.2,
+    agg: str = "token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clipped surrogate with a generalised clip centre (RSPO's off-policy replay).
+
+    Per token: rho = exp(logp - logp_behaviour), c = exp(logp_old - logp_behaviour),
+    L = -min(rho A, clip(rho, c - eps_low, c + eps_high) A). On-policy rows have behaviour = old,
+    so c = 1 and this is exactly PPO (Schulman et al., arXiv 1707.06347).
+
+    Args:
+        logprobs: ``[N, L]`` log-probs under the current policy (the only input with a gradient).
+        old_logprobs: ``[N, L]`` log-probs under the policy before this update.
+        behaviour_logprobs: ``[N, L]`` log-probs under the policy that generated the tokens.
+        advantages: ``[N]`` per-turn or ``[N, L]`` per-token advantage.
+        response_mask: ``[N, L]`` 1 on the tokens trained on.
+        eps_low: lower clip half-width, a float or ``[N]`` per turn (A²TGPO's adaptive clip).
+        eps_high: upper clip half-width, a float or ``[N]`` per turn.
+        agg: ``"token-mean"`` | ``"seq-mean-token-mean"`` | ``"seq-mean-token-sum"``.
+
+    Returns:
+        ``(loss, stats)``: the scalar loss and detached diagnostics: ``clip_frac`` (fraction of
+        response tokens where the clipped term was the active, strictly smaller, minimum),
+        ``approx_kl`` (k3 estimate of KL(old || current): mean of (r - 1) - log r with
+        r = exp(logp - logp_old)) and ``ratio_mean`` (mean of rho, the ratio to behaviour).
+    """
+    if agg not in AGGREGATIONS:
+        raise ValueError(f"agg must be one of {list(AGGREGATIONS)}, got {agg!r}")
+    shape = logprobs.shape
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be [N, L], got shape {tuple(shape)}")
+    for name, t in (
+        ("old_logprobs", old_logprobs),
+        ("behaviour_logprobs", behaviour_logprobs),
+        ("response_mask", response_mask),
+    ):
+        if t.shape != shape:
+            raise ValueError(
+                f"{name} must match logprobs' shape {tuple(shape)}, got {tuple(t.shape)}"
+            )
+    n = shape[0]
+    mask = response_mask.to(logprobs.dtype)
+    on = mask != 0
+    zero = torch.zeros_like(logprobs)
+    adv = _per_row(advantages.detach(), "advantages", n, logprobs)
+    lo = _per_row(eps_low, "eps_low", n, logprobs)
+    hi = _per_row(eps_high, "eps_high", n, logprobs)
+
+    old = old_logprobs.detach().to(logprobs.dtype)
+    behaviour = behaviour_logprobs.detach().to(logprobs.dtype)
+    # Mask before exp: padding may hold -inf, and exp(nan) would poison the gradient.
+    rho = torch.exp(torch.where(on, logprobs - behaviour, zero))
+    centre = torch.exp(torch.where(on, old - behaviour, zero))
+    clipped = torch.minimum(torch.maximum(rho, centre - lo), centre + hi)
+    adv = torch.where(on, adv, zero)  # padding rows may carry NaN advantages
+    surr = rho * adv
+    surr_clipped = clipped * adv
+    loss_mat = -torch.minimum(surr, surr_clipped)
+    loss = aggregate(loss_mat, mask, agg)
+
+    with torch.no_grad():
+        log_ratio_old = torch.where(on, logprobs - old, zero)
+        k3 = torch.expm1(log_ratio_old) - log_ratio_old
+        stats = {
+            "clip_frac": masked_mean((surr_clipped < surr).to(logprobs.dtype), mask),
+            "approx_kl": masked_mean(k3, mask),
+            "ratio_mean": masked_mean(rho, mask),
+        }
+    return loss, stats
+
+
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tensor:
+    """Per-token estimate of KL(current || reference) from sampled-token log-probs.
+
+    ``"k1"``: logp - ref. ``"k3"``: exp(ref - logp) - (ref - logp) - 1 (Schulman's unbiased,
+    non-negative estimator). ``"low_var_kl"``: k3 clamped as verl does (log-ratio to [-20, 20],
+    result to [-10, 10]).
+    """
+    if kind not in KL_KINDS:
+        raise ValueError(f"kind must be one of {list(KL_KINDS)}, got {kind!r}")
+    if kind == "k1":
+        return logprobs - ref_logprobs
+    diff = ref_logprobs - logprobs
+    if kind == "low_var_kl":
+        diff = diff.clamp(-20.0, 20.0)
+        return (torch.expm1(diff) - diff).clamp(-10.0, 10.0)
+    return torch.expm1(diff) - diff
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy ``[...]`` of the categorical distribution at each position of ``logits [..., V]``.
+
+    Computed from log_softmax (stable for large logits); half-precision input is upcast to
+    float32. Logits of -inf (tokens excluded by constrained decoding) contribute 0, with a
+    finite gradient.
+    """
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    logp = torch.log_softmax(logits, dim=-1)
+    p = logp.exp()
+    logp = logp.masked_fill(~torch.isfinite(logp), 0.0)
+    return -(p * logp).sum(-1)
+
+
+def value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, clip_range: float = 0.2
+) -> Tensor:
+    """Clipped critic loss (PPO2): 0.5 max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2).
+
+    All inputs ``[N]``; returns the mean over rows.
+    """
+    if not values.shape == old_values.shape == returns.shape:
+        raise ValueError(
+            f"values, old_values and returns must share a shape, got {tuple(values.shape)}, "
+            f"{tuple(old_values.shape)}, {tuple(returns.shape)}"
+        )
+    old = old_values.detach()
+    target = returns.detach()
+    clipped = old + (values - old).clamp(-clip_range, clip_range)
+    return 0.5 * torch.maximum((values - target) ** 2, (clipped - target) ** 2).mean()

@@ -1,0 +1,349 @@
+"""AgentRLModule: the LightningModule that owns policy, value-head slot and reference model.
+
+One ``training_step`` = one RL iteration (DESIGN §3):
+rollout -> reward -> score (old/ref log-probs) -> advantage -> ppo_epochs x minibatches -> log.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+from torchmetrics import MeanMetric
+
+from rspo_lightning import advantages as adv
+from rspo_lightning import losses
+from rspo_lightning.batching import FlatTurns, flatten, make_train_batch
+from rspo_lightning.config import GROUP_RELATIVE, AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
+from rspo_lightning.envs import make_env
+from rspo_lightning.policy import frozen_copy, load_policy, response_token_logprobs
+from rspo_lightning.prompts import template_texts
+from rspo_lightning.rollout import RolloutConfig, RolloutEngine
+from rspo_lightning.types import IterationBatch, Trajectory, TrainBatch
+
+
+class AgentRLModule(pl.LightningModule):
+    """Multi-turn agent RL (GRPO/RLOO/GiGPO/... ) with rollouts inside ``training_step``.
+
+    Args:
+        policy: which language model acts and how it is loaded.
+        algorithm: advantage estimator and PPO-style update settings.
+        optim: optimizer and learning-rate schedule.
+        rollout: generation and prompting settings of training rollouts.
+        env: environment config; None = take it from the datamodule (``data.env``).
+        val_temperature: sampling temperature of validation episodes (verl-agent uses 0.4).
+        val_greedy: also run greedy validation, logged as ``val/greedy_success_rate``.
+        seed: seed of rollout sampling (tasks come from the datamodule's seed).
+    """
+
+    def __init__(
+        self,
+        policy: PolicyConfig = PolicyConfig(),
+        algorithm: AlgorithmConfig = AlgorithmConfig(),
+        optim: OptimConfig = OptimConfig(),
+        rollout: RolloutConfig = RolloutConfig(),
+        env: EnvConfig | None = None,
+        val_temperature: float = 0.4,
+        val_greedy: bool = False,
+        seed: int = 0,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.policy_cfg, self.algo, self.optim_cfg, self.rollout_cfg = policy, algorithm, optim, rollout
+        self.env_cfg = env
+        self.val_temperature = val_temperature
+        self.val_greedy = val_greedy
+        self.seed = seed
+        self.automatic_optimization = False
+        self.policy = None
+        self.tokenizer = None
+        self.value_head = None  # the critic slot (PPO / asymmetric critic)
+        self._ref = None  # frozen reference model: not a submodule, so never checkpointed
+        self.engine: RolloutEngine | None = None
+        self.iteration = 0
+        self.last_trajectories: list[Trajectory] = []
+        self.val_metrics = torch.nn.ModuleDict()
+
+    # -- building ------------------------------------------------------------------------
+    def _resolve_env(self) -> EnvConfig:
+        if self.env_cfg is None:
+            dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+            if dm is None or not hasattr(dm, "env"):
+                raise ValueError("AgentRLModule needs an env: pass env=EnvConfig(...) or use a datamodule with an `env` attribute (AgentDataModule)")
+            self.env_cfg = dm.env
+        return self.env_cfg
+
+    def configure_model(self) -> None:
+        if self.policy is not None:
+            return
+        env_cfg = self._resolve_env()
+        corpus = None
+        if self.policy_cfg.source == "tiny":
+            env = make_env(env_cfg.env_id, **env_cfg.kwargs)
+            corpus = env.unwrapped.sample_texts() + template_texts() + [self.rollout_cfg.system_prompt]
+        self.policy, self.tokenizer = load_policy(
+            self.policy_cfg.source,
+            gguf_file=self.policy_cfg.gguf_file,
+            tiny=self.policy_cfg.tiny,
+            corpus=corpus,
+            trust_remote_code=self.policy_cfg.trust_remote_code,
+        )
+        if self.policy_cfg.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable()
+        self.policy.config.use_cache = True
+        if self.algo.kl_coef > 0:
+            self._ref = frozen_copy(self.policy)
+        self.engine = RolloutEngine(self.policy, self.tokenizer, self.rollout_cfg, env_cfg.kwargs)
+
+    def setup(self, stage: str) -> None:
+        self.configure_model()
+        dm = getattr(self.trainer, "datamodule", None)
+        group_size = getattr(dm, "group_size", None)
+        if group_size is not None and group_size < 2 and self.algo.estimator in GROUP_RELATIVE:
+            raise ValueError(
+                f"data.group_size must be >= 2 for the group-relative estimator {self.algo.estimator!r}, got {group_size}; "
+                "raise data.group_size or use algorithm.estimator: gae"
+            )
+        if self.algo.estimator == "gae" and self.value_head is None:
+            raise ValueError("algorithm.estimator: gae needs a critic, which this module version does not build yet; use grpo/rloo/gigpo/proxmo/a2tgpo")
+
+    def on_fit_start(self) -> None:
+        if self._ref is not None:
+            self._ref.to(self.device)
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        return batch  # task specs and trajectories stay on the CPU; tensors move when used
+
+    def configure_optimizers(self):
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        if self.value_head is not None:
+            params += list(self.value_head.parameters())
+        opt = torch.optim.AdamW(params, lr=self.optim_cfg.lr, betas=self.optim_cfg.betas, weight_decay=self.optim_cfg.weight_decay)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, self.optim_cfg.lr_factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # -- log-probs -----------------------------------------------------------------------
+    def sequence_logprobs(self, model, batch: TrainBatch, temperature: float, with_entropy: bool = False):
+        """Log-probs (and entropy) of the response window ``[n, T]`` under ``model``."""
+        ids = batch.input_ids.to(self.device)
+        attn = batch.attention_mask.to(self.device)
+        window = batch.response_mask.shape[1]
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=window + 1, use_cache=False)
+        logits = out.logits[:, :-1].float()
+        allowed = batch.allowed_ids.to(self.device) if batch.allowed_ids is not None else None
+        lp, ent = response_token_logprobs(logits, ids[:, -window:], temperature, allowed)
+        mask = batch.response_mask.to(self.device)
+        lp = torch.where(mask, lp, torch.zeros_like(lp))
+        ent = torch.where(mask, ent, torch.zeros_like(ent))
+        return lp, (ent if with_entropy else None)
+
+    @torch.no_grad()
+    def _score(self, batch: TrainBatch) -> None:
+        """Fill ``old_logprobs`` (and ``ref_logprobs``) by no-grad forwards in chunks."""
+        was_training = self.policy.training
+        self.policy.eval()
+        olds, refs = [], []
+        n = len(batch)
+        temp = self.rollout_cfg.temperature
+        for s in range(0, n, self.algo.forward_batch_size):
+            part = batch.select(torch.arange(s, min(n, s + self.algo.forward_batch_size)))
+            olds.append(self.sequence_logprobs(self.policy, part, temp)[0].cpu())
+            if self._ref is not None:
+                refs.append(self.sequence_logprobs(self._ref, part, temp)[0].cpu())
+        if was_training:
+            self.policy.train()
+        batch.old_logprobs = torch.cat(olds)
+        # Replay samples keep B's behaviour log-probs; on-policy ones: behaviour == old by construction
+        # up to numerics, so the generalised centre c = pi_old / pi_behaviour is exactly 1 there.
+        on_policy = ~batch.is_replay
+        batch.behaviour_logprobs[on_policy] = batch.old_logprobs[on_policy]
+        if refs:
+            batch.ref_logprobs = torch.cat(refs)
+
+    # -- advantages ----------------------------------------------------------------------
+    def compute_advantages(self, flat: FlatTurns) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-turn advantages (+ per-turn clip multipliers) from the configured estimator."""
+        name = self.algo.estimator
+        kw = dict(self.algo.estimator_kwargs)
+        if name in ("gigpo", "proxmo"):
+            kw["anchors"] = flat.anchors
+        if name == "proxmo":
+            kw["success"] = flat.success
+        if name == "a2tgpo":
+            kw["signals"] = flat.dense
+            kw["epsilon"] = 1.0  # returned clip_eps is then a multiplier of clip_eps_low/high
+        result = adv.compute_advantages(name, rewards=flat.rewards, traj_index=flat.traj_index,
+                                        group_index=flat.group_index, turn_index=flat.turn_index, **kw)
+        clip_eps = None
+        if isinstance(result, tuple) and hasattr(result, "clip_eps"):
+            advantages, clip_eps = result.advantages, result.clip_eps
+        else:
+            advantages = result
+        # Invalid-action penalty: applied after the estimator, to the invalid turn alone.
+        advantages = advantages - self.algo.invalid_action_penalty * flat.invalid.float()
+        return advantages, clip_eps
+
+    # -- the iteration -------------------------------------------------------------------
+    def training_step(self, batch: IterationBatch, batch_idx: int) -> None:
+        t0 = time.perf_counter()
+        gen_tokens0 = self.engine.stats["generated_tokens"]
+        trajectories = self.engine.collect(batch.tasks, batch.group_size, iteration=self.iteration)
+        rollout_s = time.perf_counter() - t0
+        gen_tokens = self.engine.stats["generated_tokens"] - gen_tokens0
+        self.last_trajectories = trajectories
+        replay = [t for group in batch.replay for t in group]
+        all_trajs = trajectories + replay
+
+        t1 = time.perf_counter()
+        flat = flatten(all_trajs, batch.reward_mode)
+        advantages, clip_eps = self.compute_advantages(flat)
+        train_batch = make_train_batch(flat, self.engine.pad_id, advantages, clip_eps=clip_eps)
+        self._score(train_batch)
+        stats = self._update(train_batch)
+        update_s = time.perf_counter() - t1
+        trained_tokens = int(train_batch.attention_mask.sum()) * self.algo.ppo_epochs
+
+        self.iteration += 1
+        self._log_rollout(trajectories, prefix="rollout")
+        for k, v in stats.items():
+            self.log(f"train/{k}", v, on_step=True, prog_bar=k == "policy_loss")
+        self.log_dict({
+            "train/advantage_abs": advantages.abs().mean().item(),
+            "train/lr": self.optimizers().param_groups[0]["lr"],
+            "perf/rollout_s": rollout_s,
+            "perf/update_s": update_s,
+            "perf/rollout_tokens_per_s": gen_tokens / max(rollout_s, 1e-9),
+            "perf/update_tokens_per_s": trained_tokens / max(update_s, 1e-9),
+            "iteration": float(self.iteration),
+        }, on_step=True)
+        self.log("it", float(self.iteration), prog_bar=True, on_step=True, logger=False)
+
+    def _num_minibatches(self, n: int) -> int:
+        m = max(1, math.ceil(n / self.algo.minibatch_size))
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            t = torch.tensor([m], device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # every rank steps the same number of times
+            m = int(t.item())
+        return m
+
+    def _update(self, batch: TrainBatch) -> dict[str, float]:
+        opt = self.optimizers()
+        sched = self.lr_schedulers()
+        algo = self.algo
+        n = len(batch)
+        gen = torch.Generator().manual_seed(self.seed * 100003 + self.iteration)
+        sums: dict[str, float] = {}
+        count = 0
+        for _ in range(algo.ppo_epochs):
+            perm = torch.randperm(n, generator=gen)
+            for mb_idx in torch.tensor_split(perm, min(self._num_minibatches(n), n)):
+                opt.zero_grad()
+                mb = batch.select(mb_idx)
+                mb_tokens = mb.response_mask.sum().clamp(min=1)
+                micro = algo.micro_batch_size or len(mb)
+                for s in range(0, len(mb), micro):
+                    part = mb.select(torch.arange(s, min(len(mb), s + micro)))
+                    loss, st = self._loss(part)
+                    weight = (part.response_mask.sum() / mb_tokens) if algo.loss_agg == "token-mean" else len(part) / len(mb)
+                    self.manual_backward(loss * weight)
+                    for k, v in st.items():
+                        sums[k] = sums.get(k, 0.0) + float(v) * float(weight)
+                if algo.max_grad_norm > 0:
+                    grad_norm = torch.nn.utils.clip_grad_norm_(
+                        [p for g in opt.param_groups for p in g["params"]], algo.max_grad_norm
+                    )
+                    sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
+                opt.step()
+                count += 1
+        sched.step()
+        return {k: v / max(count, 1) for k, v in sums.items()}
+
+    def _loss(self, mb: TrainBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        algo = self.algo
+        dev = self.device
+        need_entropy = True
+        logprobs, entropy = self.sequence_logprobs(self.policy, mb, self.rollout_cfg.temperature, with_entropy=need_entropy)
+        mask = mb.response_mask.to(dev)
+        eps_scale = mb.clip_eps.to(dev)
+        pg_loss, st = losses.clipped_surrogate(
+            logprobs, mb.old_logprobs.to(dev), mb.behaviour_logprobs.to(dev), mb.advantages.to(dev), mask,
+            eps_low=algo.clip_eps_low * eps_scale, eps_high=algo.clip_eps_high * eps_scale, agg=algo.loss_agg,
+        )
+        total = pg_loss
+        stats = {"policy_loss": pg_loss.detach(), **{k: v.detach() for k, v in st.items()}}
+        ent = losses.aggregate(entropy, mask, algo.loss_agg)
+        stats["entropy"] = ent.detach()
+        if algo.entropy_coef > 0:
+            total = total - algo.entropy_coef * ent
+        if mb.ref_logprobs is not None:
+            kl = losses.aggregate(losses.kl_penalty(logprobs, mb.ref_logprobs.to(dev), kind=algo.kl_estimator), mask, algo.loss_agg)
+            stats["kl"] = kl.detach()
+            total = total + algo.kl_coef * kl
+        stats["loss"] = total.detach()
+        return total, stats
+
+    # -- metrics -------------------------------------------------------------------------
+    def _log_rollout(self, trajectories: list[Trajectory], prefix: str) -> None:
+        if not trajectories:
+            return
+        n = len(trajectories)
+        turns = sum(len(t.turns) for t in trajectories)
+        values = {
+            f"{prefix}/success_rate": sum(t.success for t in trajectories) / n,
+            f"{prefix}/score": sum(t.score for t in trajectories) / n,
+            f"{prefix}/episode_len": turns / n,
+            f"{prefix}/invalid_rate": sum(t.num_invalid for t in trajectories) / max(turns, 1),
+            f"{prefix}/dense_return": sum(t.turns[-1].progress if t.turns else 0.0 for t in trajectories) / n,
+        }
+        by_type: dict[str, list[bool]] = {}
+        for t in trajectories:
+            by_type.setdefault(t.task_type, []).append(t.success)
+        for ty, s in by_type.items():
+            if ty:
+                values[f"{prefix}/success_rate/{ty}"] = sum(s) / len(s)
+        self.log_dict(values, on_step=True, batch_size=n)
+        self.log("sr", values[f"{prefix}/success_rate"], prog_bar=True, on_step=True, logger=False)
+
+    # -- validation ----------------------------------------------------------------------
+    def _val_metric(self, name: str) -> MeanMetric:
+        key = name.replace("/", "|")
+        if key not in self.val_metrics:
+            self.val_metrics[key] = MeanMetric().to(self.device)
+        return self.val_metrics[key]
+
+    def validation_step(self, batch: IterationBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        split = batch.tasks[0].split if batch.tasks else "valid_seen"
+        prefix = "val" if split == "valid_seen" else f"val_{split.removeprefix('valid_')}"
+        runs = [("", False)] + ([("greedy_", True)] if self.val_greedy else [])
+        for tag, greedy in runs:
+            trajs = self.engine.collect(batch.tasks, 1, temperature=self.val_temperature, greedy=greedy, iteration=self.iteration)
+            for t in trajs:
+                self._val_metric(f"{prefix}/{tag}success_rate").update(float(t.success))
+                self._val_metric(f"{prefix}/{tag}score").update(t.score)
+                if not tag and t.task_type:
+                    self._val_metric(f"{prefix}/success_rate/{t.task_type}").update(float(t.success))
+
+    def on_validation_epoch_end(self) -> None:
+        values = {key.replace("|", "/"): float(m.compute()) for key, m in self.val_metrics.items() if m.update_count > 0}
+        for m in self.val_metrics.values():
+            m.reset()
+        if self.trainer.sanity_checking:
+            # A full sanity check (num_sanity_val_steps: -1) runs before any update: record it as step 0.
+            if self.logger is not None and values and math.isinf(self.trainer.num_sanity_val_steps):
+                self.logger.log_metrics(values, step=0)
+            self.initial_val_metrics = values
+            return
+        for k, v in values.items():
+            self.log(k, v, prog_bar=k == "val/success_rate", add_dataloader_idx=False)
+
+    # -- checkpoint ----------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["rspo_iteration"] = self.iteration
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.iteration = int(checkpoint.get("rspo_iteration", 0))

@@ -1,0 +1,121 @@
+"""Prompt templates (verl-agent style) and the per-turn prompt builder.
+
+Each turn's prompt is rebuilt from scratch: task, step count, the last ``history_window``
+(observation, action) pairs, the current observation and the admissible actions. The context
+therefore stays flat however long the episode runs (DESIGN §3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+HOUSEHOLD_TEMPLATE = (
+    "You are an expert agent operating in a household environment. Your task is to: {task}\n"
+    "Prior to this step, you have already taken {step} step(s). Below are the most recent "
+    "{history_len} observations and the corresponding actions you took: {history}\n"
+    "You are now at step {current_step} and your current observation is: {observation}\n"
+    "Your admissible actions of the current situation are:{admissible}\n"
+    "Now it's your turn to take an action. You should first reason step-by-step about the "
+    "current situation. This reasoning process MUST be enclosed within <think> </think> tags. "
+    "Once you've finished your reasoning, you should choose an admissible action for current "
+    "step and present it within <action> </action> tags."
+)
+
+HOUSEHOLD_TEMPLATE_NO_HISTORY = (
+    "You are an expert agent operating in a household environment. Your task is to: {task}\n"
+    "Your current observation is: {observation}\n"
+    "Your admissible actions of the current situation are:{admissible}\n"
+    "Now it's your turn to take an action. You should first reason step-by-step about the "
+    "current situation. This reasoning process MUST be enclosed within <think> </think> tags. "
+    "Once you've finished your reasoning, you should choose an admissible action for current "
+    "step and present it within <action> </action> tags."
+)
+
+# Compact variant for tiny CPU models: the same information with ~80 fewer words of boilerplate.
+COMPACT_TEMPLATE = (
+    "Task: {task}\nStep {current_step}. Recent history:{history}\nObservation: {observation}\n"
+    "Admissible actions:{admissible}\nAnswer with <action> </action>."
+)
+COMPACT_TEMPLATE_NO_HISTORY = (
+    "Task: {task}\nObservation: {observation}\nAdmissible actions:{admissible}\nAnswer with <action> </action>."
+)
+
+SYSTEM_PROMPT = "You are a helpful assistant."
+
+TEMPLATES: dict[str, tuple[str, str]] = {
+    "household": (HOUSEHOLD_TEMPLATE, HOUSEHOLD_TEMPLATE_NO_HISTORY),
+    "compact": (COMPACT_TEMPLATE, COMPACT_TEMPLATE_NO_HISTORY),
+}
+
+
+@dataclass
+class HistoryEntry:
+    """One past step shown in the prompt."""
+
+    observation: str
+    action: str
+
+
+def render_prompt(
+    template: str,
+    *,
+    task: str,
+    observation: str,
+    admissible: Sequence[str] | None,
+    history: Sequence[HistoryEntry],
+    step: int,
+    history_window: int,
+) -> str:
+    """The user message of one turn.
+
+    Args:
+        template: a key of ``TEMPLATES``.
+        task: the task instruction.
+        observation: the current observation.
+        admissible: admissible actions, or None when the env has no such list.
+        history: all past (observation, action) pairs of the episode, oldest first.
+        step: number of steps already taken.
+        history_window: how many of the most recent pairs to show (0 = none).
+    """
+    if template not in TEMPLATES:
+        raise ValueError(f"unknown prompt template {template!r}; choose one of {sorted(TEMPLATES)}")
+    with_history, without_history = TEMPLATES[template]
+    # One action per line, no quotes: word-level tokenizers then see the same words as in actions.
+    admissible_text = "".join(f"\n- {a}" for a in admissible) if admissible else " none"
+    shown = list(history)[-history_window:] if history_window > 0 else []
+    if step == 0 or not shown:
+        return without_history.format(task=task, observation=observation, admissible=admissible_text)
+    first = step - len(shown) + 1
+    history_text = "".join(
+        f"\nObservation {first + i}: {h.observation}\nAction {first + i}: {h.action}"
+        for i, h in enumerate(shown)
+    )
+    return with_history.format(
+        task=task,
+        step=step,
+        history_len=len(shown),
+        history=history_text,
+        current_step=step + 1,
+        observation=observation,
+        admissible=admissible_text,
+    )
+
+
+def chat_prompt_ids(tokenizer, user_message: str, system_prompt: str | None = SYSTEM_PROMPT) -> list[int]:
+    """Token ids of the chat-formatted prompt, ending with the assistant generation prompt."""
+    messages = []
+    if system_prompt:
+        messages.append({"role": "system", "content": system_prompt})
+    messages.append({"role": "user", "content": user_message})
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def template_texts() -> list[str]:
+    """Every fixed string the prompts use (to train a word-level tokenizer on)."""
+    texts = [SYSTEM_PROMPT]
+    for pair in TEMPLATES.values():
+        texts.extend(pair)
+    texts.append("- Observation 1: Action 1:")
+    return texts

@@ -1,0 +1,369 @@
+"""RolloutEngine: the multi-turn loop (generate -> parse -> env.step) over many episodes at once.
+
+Every turn, one batched ``generate`` call runs over all still-active episodes (left padding,
+KV cache, stop at ``</action>``). The response ids stored are exactly the generated ids and the
+behaviour log-probs come from the same processed distribution the token was sampled from
+(temperature-scaled; renormalised over the allowed tokens under constrained decoding), so the
+training forward reproduces them (tests/test_rollout.py checks 1e-4).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers.generation.stopping_criteria import StopStringCriteria
+
+from rspo_lightning.envs import make_env
+from rspo_lightning.parsing import parse_response
+from rspo_lightning.prompts import HistoryEntry, chat_prompt_ids, render_prompt
+from rspo_lightning.types import TaskSpec, Trajectory, Turn
+
+log = logging.getLogger(__name__)
+
+ACTION_OPEN = "<action>"
+ACTION_CLOSE = "</action>"
+
+
+@dataclass
+class RolloutConfig:
+    """How episodes are played.
+
+    Args:
+        max_new_tokens: most tokens generated per turn.
+        temperature: sampling temperature of training rollouts (log-probs use the same scaling).
+        top_p: nucleus sampling; keep 1.0 so behaviour log-probs match training exactly.
+        history_window: number of past (observation, action) pairs shown in each prompt.
+        max_turns: cap on turns per episode (None = the environment's own ``max_steps``).
+        constrained_decoding: restrict generation to ``<action>`` + an admissible action +
+            ``</action>`` via a prefix trie over token ids (for small models and evaluation).
+        require_admissible: an action outside the admissible list is invalid.
+        require_think: a response without ``<think>...</think>`` is invalid.
+        template: prompt template family (a key of ``rspo_lightning.prompts.TEMPLATES``).
+        system_prompt: system message; empty for none.
+        generation_batch_size: most episodes in one ``generate`` call (None = all active ones).
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    history_window: int = 2
+    max_turns: int | None = None
+    constrained_decoding: bool = False
+    require_admissible: bool = True
+    require_think: bool = False
+    template: str = "household"
+    system_prompt: str = "You are a helpful assistant."
+    generation_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0:
+            raise ValueError(f"rollout.temperature must be > 0, got {self.temperature}; use greedy=True in collect() for argmax decoding")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+        if self.constrained_decoding and self.top_p != 1.0:
+            raise ValueError("rollout.constrained_decoding needs rollout.top_p: 1.0 (nucleus truncation could remove every allowed token)")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"rollout.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+class ActionTrie:
+    """Prefix trie over token-id sequences; ``children(prefix)`` lists the allowed next ids."""
+
+    def __init__(self, sequences: Sequence[Sequence[int]]):
+        self.root: dict[int, dict] = {}
+        for seq in sequences:
+            node = self.root
+            for tok in seq:
+                node = node.setdefault(int(tok), {})
+
+
+class TrieConstraint(LogitsProcessor):
+    """Masks every token outside the trie; records the allowed ids at each step per row.
+
+    Rows whose trie path is complete (or that left the trie) may only emit ``pad_id``; the
+    stopping criterion has already finished them, so those positions are never trained on.
+    """
+
+    def __init__(self, tries: list[ActionTrie], prompt_len: int, pad_id: int):
+        self.nodes: list[dict | None] = [t.root for t in tries]
+        self.prompt_len = prompt_len
+        self.pad_id = pad_id
+        self.allowed: list[list[list[int]]] = [[] for _ in tries]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        step = input_ids.shape[1] - self.prompt_len
+        last = input_ids[:, -1].tolist() if step > 0 else None
+        rows: list[int] = []
+        cols: list[int] = []
+        for row in range(scores.shape[0]):
+            node = self.nodes[row]
+            if step > 0 and node is not None:
+                node = node.get(last[row])
+                self.nodes[row] = node
+            ids = list(node) if node else [self.pad_id]
+            self.allowed[row].append(ids)
+            rows.extend([row] * len(ids))
+            cols.extend(ids)
+        mask = torch.full_like(scores, float("-inf"))
+        mask[torch.tensor(rows, device=scores.device), torch.tensor(cols, device=scores.device)] = 0.0
+        return scores + mask
+
+
+class StopRecorder(StoppingCriteria):
+    """Stops a row at eos or at the end of ``</action>`` and records the step it stopped at."""
+
+    def __init__(self, tokenizer, batch_size: int, prompt_len: int, eos_ids: set[int]):
+        self.prompt_len = prompt_len
+        self.finished_at = torch.full((batch_size,), -1, dtype=torch.long)
+        close = tokenizer(ACTION_CLOSE, add_special_tokens=False)["input_ids"]
+        self.stop_ids = torch.tensor(sorted(eos_ids | ({close[0]} if len(close) == 1 else set())), dtype=torch.long)
+        # Multi-token "</action>" (BPE vocabularies): HF's vectorised stop-string matcher.
+        self.stop_string = StopStringCriteria(tokenizer, [ACTION_CLOSE]) if len(close) != 1 else None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        done = torch.isin(input_ids[:, -1], self.stop_ids.to(input_ids.device))
+        if self.stop_string is not None:
+            done = done | self.stop_string(input_ids, scores)
+        step = input_ids.shape[1] - self.prompt_len - 1
+        newly = done.cpu() & (self.finished_at < 0)
+        self.finished_at[newly] = step
+        return done
+
+
+@dataclass
+class _Episode:
+    task: TaskSpec
+    env: object
+    traj: Trajectory
+    observation: str
+    info: dict
+    history: list[HistoryEntry]
+    done: bool = False
+
+
+class RolloutEngine:
+    """Plays groups of episodes with a causal LM policy.
+
+    Args:
+        model: a Hugging Face causal LM (the policy).
+        tokenizer: its tokenizer (needs a chat template and a pad token).
+        config: rollout settings.
+        env_kwargs: keyword arguments for ``gymnasium.make`` of each task's env id.
+    """
+
+    def __init__(self, model, tokenizer, config: RolloutConfig, env_kwargs: dict | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.env_kwargs = dict(env_kwargs or {})
+        self._envs: dict[str, list] = {}
+        self._trie_cache: dict[tuple[str, ...], ActionTrie] = {}
+        eos = tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
+        self.stats = {"generated_tokens": 0, "generate_s": 0.0}
+
+    # -- environments -------------------------------------------------------------------
+    def _env_pool(self, env_id: str, n: int) -> list:
+        pool = self._envs.setdefault(env_id, [])
+        while len(pool) < n:
+            pool.append(make_env(env_id, **self.env_kwargs))
+        return pool[:n]
+
+    def _trie(self, admissible: Sequence[str]) -> ActionTrie:
+        key = tuple(admissible)
+        trie = self._trie_cache.get(key)
+        if trie is None:
+            seqs = [
+                self.tokenizer(f"{ACTION_OPEN} {a} {ACTION_CLOSE}", add_special_tokens=False)["input_ids"]
+                for a in admissible
+            ]
+            trie = ActionTrie(seqs)
+            if len(self._trie_cache) > 20000:
+                self._trie_cache.clear()
+            self._trie_cache[key] = trie
+        return trie
+
+    # -- the loop -----------------------------------------------------------------------
+    @torch.no_grad()
+    def collect(
+        self,
+        tasks: Sequence[TaskSpec],
+        group_size: int,
+        *,
+        temperature: float | None = None,
+        greedy: bool = False,
+        policy_tag: str = "A",
+        iteration: int = 0,
+    ) -> list[Trajectory]:
+        """Play every task ``group_size`` times; returns trajectories grouped task by task.
+
+        Args:
+            tasks: one spec per group.
+            group_size: episodes per task (G).
+            temperature: override of ``config.temperature`` (e.g. validation).
+            greedy: argmax decoding (log-probs then use temperature 1).
+            policy_tag: stored on each trajectory ("A" or "B").
+            iteration: stored on each trajectory.
+        """
+        cfg = self.config
+        temp = 1.0 if greedy else (temperature if temperature is not None else cfg.temperature)
+        by_env: dict[str, int] = {}
+        for t in tasks:
+            by_env[t.env_id] = by_env.get(t.env_id, 0) + group_size
+        pools = {eid: iter(self._env_pool(eid, n)) for eid, n in by_env.items()}
+
+        episodes: list[_Episode] = []
+        for task in tasks:
+            for _ in range(group_size):
+                env = next(pools[task.env_id])
+                obs, info = env.reset(options={"split": task.split, "task_id": task.task_id})
+                traj = Trajectory(task=task, task_type=str(info.get("task_type", "")), policy_tag=policy_tag, iteration=iteration)
+                episodes.append(_Episode(task, env, traj, obs, info, []))
+
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            turn = 0
+            while True:
+                active = [ep for ep in episodes if not ep.done]
+                if not active:
+                    break
+                chunk = cfg.generation_batch_size or len(active)
+                for start in range(0, len(active), chunk):
+                    self._play_turn(active[start:start + chunk], temp, greedy)
+                turn += 1
+                for ep in active:
+                    max_turns = cfg.max_turns or getattr(ep.env.unwrapped, "max_steps", None)
+                    if max_turns is not None and len(ep.traj.turns) >= max_turns and not ep.done:
+                        ep.done = True
+                        ep.traj.truncated = True
+        finally:
+            if was_training:
+                self.model.train()
+        return [ep.traj for ep in episodes]
+
+    def _play_turn(self, active: list[_Episode], temperature: float, greedy: bool) -> None:
+        cfg = self.config
+        tok = self.tokenizer
+        prompts = []
+        for ep in active:
+            admissible = ep.info.get("admissible_actions")
+            text = render_prompt(
+                cfg.template,
+                task=str(ep.info.get("task", "")),
+                observation=ep.observation,
+                admissible=admissible,
+                history=ep.history,
+                step=len(ep.traj.turns),
+                history_window=cfg.history_window,
+            )
+            prompts.append(chat_prompt_ids(tok, text, cfg.system_prompt or None))
+        responses, logprobs, allowed = self.generate(
+            prompts, temperature, greedy, [ep.info.get("admissible_actions") for ep in active]
+        )
+        for ep, prompt, resp, lp, allow in zip(active, prompts, responses, logprobs, allowed):
+            text = tok.decode(resp, skip_special_tokens=True)
+            admissible = ep.info.get("admissible_actions")
+            parsed = parse_response(
+                text, admissible, require_admissible=cfg.require_admissible, require_think=cfg.require_think
+            )
+            obs, reward, terminated, truncated, info = ep.env.step(parsed.action if parsed.valid else "")
+            valid = parsed.valid and not bool(info.get("invalid", False))
+            ep.traj.turns.append(
+                Turn(
+                    prompt_ids=torch.tensor(prompt, dtype=torch.long),
+                    response_ids=resp,
+                    behaviour_logprobs=lp,
+                    action=parsed.action,
+                    valid=valid,
+                    observation=ep.observation,
+                    anchor=str(ep.info.get("anchor", ep.observation)),
+                    outcome_reward=float(reward),
+                    privileged=ep.info.get("privileged"),
+                    allowed_ids=allow,
+                    progress=float(info.get("progress", 0.0)),
+                )
+            )
+            ep.history.append(HistoryEntry(ep.observation, parsed.action if parsed.valid else text[:200]))
+            ep.observation, ep.info = obs, info
+            if terminated or truncated:
+                ep.done = True
+                ep.traj.truncated = bool(truncated and not terminated)
+            ep.traj.success = bool(info.get("won", False))
+            ep.traj.score = float(info.get("score", 0.0))
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        temperature: float,
+        greedy: bool,
+        admissible: list[Sequence[str] | None] | None = None,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
+        """One batched generate; returns per row (response ids [R], log-probs [R], allowed [R, K])."""
+        import time
+
+        cfg = self.config
+        device = next(self.model.parameters()).device
+        batch = len(prompts)
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((batch, width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            attention[i, width - len(p):] = 1
+        recorder = StopRecorder(self.tokenizer, batch, width, self.eos_ids)
+        processors = LogitsProcessorList()
+        constraint = None
+        if cfg.constrained_decoding:
+            if admissible is None or any(a is None for a in admissible):
+                raise ValueError("rollout.constrained_decoding needs an environment that lists admissible actions")
+            constraint = TrieConstraint([self._trie(a) for a in admissible], width, self.pad_id)
+            processors.append(constraint)
+        t0 = time.perf_counter()
+        out = self.model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            do_sample=not greedy,
+            temperature=temperature if not greedy else None,
+            top_p=cfg.top_p if not greedy else None,
+            top_k=0 if not greedy else None,
+            max_new_tokens=cfg.max_new_tokens,
+            logits_processor=processors,
+            stopping_criteria=StoppingCriteriaList([recorder]),
+            pad_token_id=self.pad_id,
+            eos_token_id=sorted(self.eos_ids),
+            return_dict_in_generate=True,
+            output_scores=True,
+            use_cache=True,
+        )
+        self.stats["generate_s"] += time.perf_counter() - t0
+        gen = out.sequences[:, width:].cpu()
+        steps = gen.shape[1]
+        lengths = torch.where(recorder.finished_at >= 0, recorder.finished_at + 1, torch.full_like(recorder.finished_at, steps))
+        lengths = lengths.clamp(max=steps)
+        # Processed scores = logits / T (+ -inf outside the trie): the sampling distribution.
+        logprobs = torch.stack(
+            [torch.log_softmax(s.float(), dim=-1).gather(-1, gen[:, i : i + 1].to(s.device)).squeeze(-1).cpu() for i, s in enumerate(out.scores)],
+            dim=1,
+        )
+        responses, lps, allowed = [], [], []
+        for i in range(batch):
+            n = int(lengths[i])
+            responses.append(gen[i, :n].clone())
+            lps.append(logprobs[i, :n].clone())
+            if constraint is not None:
+                rows = constraint.allowed[i][:n]
+                k = max(len(r) for r in rows)
+                a = torch.full((n, k), -1, dtype=torch.long)
+                for j, r in enumerate(rows):
+                    a[j, : len(r)] = torch.tensor(r, dtype=torch.long)
+                allowed.append(a)
+            else:
+                allowed.append(None)
+        self.stats["generated_tokens"] += int(lengths.sum())
+        return responses, lps, allowed

@@ -1,0 +1,174 @@
+"""Core data types: what flows from the data module through rollout, advantage and update.
+
+Shapes use these letters: P = prompt length of one turn, R = response length of one turn,
+K = the widest set of allowed next tokens under constrained decoding, N = number of turn
+samples in a batch, L = padded sequence length (prompt + response) of a batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+Source = Literal["on_policy", "replay"]
+PolicyTag = Literal["A", "B"]
+RewardMode = Literal["outcome", "dense"]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What to play: the same spec always yields the same initial state.
+
+    Args:
+        env_id: gymnasium id of the environment, e.g. ``"rspo/Household-v0"``.
+        split: task split, e.g. ``"train"``, ``"valid_seen"``, ``"valid_unseen"``.
+        task_id: index of the task inside the split.
+        group_id: id of the group this task seeds; the ``group_size`` trajectories played from
+            one spec share it (group-relative advantages compare inside a group only).
+    """
+
+    env_id: str
+    split: str
+    task_id: int
+    group_id: int = 0
+
+
+@dataclass
+class Turn:
+    """One agent turn = one training sample.
+
+    Args:
+        prompt_ids: ``[P]`` int64 token ids of the full prompt (chat template applied).
+        response_ids: ``[R]`` int64 token ids exactly as generated (never re-tokenised).
+        behaviour_logprobs: ``[R]`` float32 log-probs of ``response_ids`` under the policy that
+            generated them, from the temperature-scaled (and, when constrained, renormalised)
+            distribution.
+        action: the action string sent to ``env.step`` (the parsed action, or the raw text when
+            parsing failed).
+        valid: False when the action tag was missing/empty or the action was not admissible.
+        observation: the observation the prompt was built from (before this turn's action).
+        anchor: hashable environment-state key of that observation (GiGPO step groups).
+        outcome_reward: outcome reward; non-zero only on the winning (last) turn.
+        dense_reward: dense (process) reward of this turn; 0 when no dense source is used.
+        privileged: full-state text for an asymmetric critic, or None.
+        allowed_ids: ``[R, K]`` int64 allowed next-token ids at each response position under
+            constrained decoding, padded with -1; None for free generation.
+        progress: the environment's subgoal completion in [0, 1] after this turn's action.
+    """
+
+    prompt_ids: torch.Tensor
+    response_ids: torch.Tensor
+    behaviour_logprobs: torch.Tensor
+    action: str
+    valid: bool
+    observation: str
+    anchor: str
+    outcome_reward: float = 0.0
+    dense_reward: float = 0.0
+    privileged: str | None = None
+    allowed_ids: torch.Tensor | None = None
+    progress: float = 0.0
+
+
+@dataclass
+class Trajectory:
+    """One episode played from a TaskSpec.
+
+    Args:
+        task: the spec it was played from.
+        turns: the turns, in order.
+        success: whether the episode was won.
+        score: environment score in [0, 1] (e.g. the WebShop reward; 1.0/0.0 for Household).
+        task_type: task family, used for per-type metrics.
+        source: ``"on_policy"`` (played this iteration) or ``"replay"`` (from the buffer).
+        policy_tag: ``"A"`` (outcome learner) or ``"B"`` (dense explorer) played it.
+        iteration: the RL iteration in which it was played.
+        truncated: the episode hit ``max_steps`` without terminating.
+    """
+
+    task: TaskSpec
+    turns: list[Turn] = field(default_factory=list)
+    success: bool = False
+    score: float = 0.0
+    task_type: str = ""
+    source: Source = "on_policy"
+    policy_tag: PolicyTag = "A"
+    iteration: int = 0
+    truncated: bool = False
+
+    @property
+    def outcome_return(self) -> float:
+        """R(tau): the sum of the outcome rewards of all turns."""
+        return float(sum(t.outcome_reward for t in self.turns))
+
+    @property
+    def num_invalid(self) -> int:
+        return sum(not t.valid for t in self.turns)
+
+
+@dataclass
+class IterationBatch:
+    """What the data module yields for one RL iteration (rollouts happen in the module).
+
+    Args:
+        tasks: this rank's task specs, one per group (the engine plays each ``group_size`` times).
+        group_size: episodes played per task spec (G).
+        replay: trajectory groups sampled from a replay buffer (each inner list is one group).
+        reward_mode: which reward the turns carry for the advantage: ``"outcome"`` or ``"dense"``.
+    """
+
+    tasks: list[TaskSpec]
+    group_size: int = 1
+    replay: list[list[Trajectory]] = field(default_factory=list)
+    reward_mode: RewardMode = "outcome"
+
+
+@dataclass
+class TrainBatch:
+    """Padded tensors for the update; one row per turn sample.
+
+    Rows are LEFT-padded so every response ends at the last column: the logits of the last
+    ``T + 1`` positions cover every response (T = longest response), which keeps the
+    ``[N, T, V]`` logits small. Response-window tensors ``[N, T]``: column j is absolute
+    position ``L - T + j``; a log-prob is stored at the column of the token it scores.
+
+    Args:
+        input_ids: ``[N, L]`` prompt + response ids, left-padded.
+        attention_mask: ``[N, L]`` 1 on real tokens.
+        response_mask: ``[N, T]`` True on response tokens (the tokens trained on).
+        behaviour_logprobs: ``[N, T]`` log-probs under the policy that generated the tokens.
+        old_logprobs: ``[N, T]`` log-probs under the policy before this update.
+        advantages: ``[N]`` per-turn advantage.
+        returns: ``[N]`` per-turn return target for a critic (zeros without one).
+        clip_eps: ``[N]`` per-turn multiplier of the clip half-widths (1.0 = as configured).
+        is_replay: ``[N]`` bool, the sample came from the replay buffer.
+        value_positions: ``[N]`` column in ``input_ids`` of the last prompt token (critic reads V(s)).
+        ref_logprobs: ``[N, T]`` log-probs under the frozen reference model, or None without KL.
+        allowed_ids: ``[N, T, K]`` allowed next-token ids of constrained samples (-1 pad), or None.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    behaviour_logprobs: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    clip_eps: torch.Tensor
+    is_replay: torch.Tensor
+    value_positions: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+    allowed_ids: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, index: torch.Tensor) -> "TrainBatch":
+        """Rows ``index`` of every tensor (a minibatch)."""
+        kw = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            kw[name] = value[index] if isinstance(value, torch.Tensor) else value
+        return TrainBatch(**kw)

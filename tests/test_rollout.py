@@ -1,0 +1,91 @@
+"""Rollout exactness: stored ids are the generated ids; stored log-probs are reproducible."""
+
+import torch
+
+from conftest import EASY_ENV
+from rspo_lightning.batching import flatten, make_train_batch
+from rspo_lightning.policy import response_token_logprobs
+from rspo_lightning.rollout import ActionTrie, RolloutConfig, RolloutEngine
+from rspo_lightning.types import TaskSpec
+
+
+def _recompute(model, batch, temperature):
+    ids, attn = batch.input_ids, batch.attention_mask
+    window = batch.response_mask.shape[1]
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=window + 1).logits[:, :-1]
+    lp, _ = response_token_logprobs(logits, ids[:, -window:], temperature, batch.allowed_ids)
+    return lp
+
+
+def _play(tiny_policy, constrained, temperature=1.0, n_tasks=4, group=3):
+    model, tok = tiny_policy
+    torch.manual_seed(0)
+    cfg = RolloutConfig(constrained_decoding=constrained, max_new_tokens=10, temperature=temperature)
+    engine = RolloutEngine(model, tok, cfg, EASY_ENV)
+    tasks = [TaskSpec("rspo/Household-v0", "train", i, group_id=i) for i in range(n_tasks)]
+    return engine, engine.collect(tasks, group)
+
+
+def _check_exact(tiny_policy, constrained, temperature):
+    model, tok = tiny_policy
+    engine, trajs = _play(tiny_policy, constrained, temperature)
+    assert len(trajs) == 12 and all(t.turns for t in trajs)
+    flat = flatten(trajs)
+    batch = make_train_batch(flat, engine.pad_id, torch.zeros(len(flat.turns)))
+    lp = _recompute(model, batch, temperature)
+    mask = batch.response_mask
+    # Every stored response sits exactly at the end of its row: the tokens trained on are the
+    # generated tokens, with no decode/re-encode round trip.
+    for i, turn in enumerate(flat.turns):
+        r = len(turn.response_ids)
+        assert torch.equal(batch.input_ids[i, -r:], turn.response_ids)
+        assert int(mask[i].sum()) == r
+    diff = (lp - batch.behaviour_logprobs).abs()[mask]
+    assert diff.max().item() < 1e-4, diff.max().item()
+
+
+def test_free_generation_logprobs_match_training_forward(tiny_policy):
+    _check_exact(tiny_policy, constrained=False, temperature=1.0)
+
+
+def test_free_generation_logprobs_match_at_other_temperature(tiny_policy):
+    _check_exact(tiny_policy, constrained=False, temperature=0.7)
+
+
+def test_constrained_logprobs_match_renormalised_training_forward(tiny_policy):
+    _check_exact(tiny_policy, constrained=True, temperature=1.0)
+
+
+def test_constrained_responses_are_admissible_actions(tiny_policy):
+    _, trajs = _play(tiny_policy, constrained=True)
+    for t in trajs:
+        for turn in t.turns:
+            assert turn.valid, turn.action
+    # the stored allowed sets contain the generated token at every position
+    for t in trajs:
+        for turn in t.turns:
+            for j, tokid in enumerate(turn.response_ids.tolist()):
+                assert tokid in turn.allowed_ids[j].tolist()
+
+
+def test_free_generation_stops_after_action_close(tiny_policy):
+    model, tok = tiny_policy
+    _, trajs = _play(tiny_policy, constrained=False)
+    close = tok.convert_tokens_to_ids("</action>")
+    for t in trajs:
+        for turn in t.turns:
+            ids = turn.response_ids.tolist()
+            assert 1 <= len(ids) <= 10
+            # a response ends at its first stop token or at max_new_tokens, never after a stop
+            stops = [j for j, x in enumerate(ids) if x in (close, tok.eos_token_id)]
+            if stops:
+                assert stops[0] == len(ids) - 1
+
+
+def test_trie_lists_allowed_continuations():
+    trie = ActionTrie([[1, 2, 3], [1, 2, 4], [5]])
+    assert sorted(trie.root) == [1, 5]
+    assert sorted(trie.root[1][2]) == [3, 4]
+    assert trie.root[5] == {}
