@@ -63,6 +63,10 @@ class AlgorithmConfig:
         invalid_action_penalty: subtracted from the advantage of every invalid turn.
         max_grad_norm: gradient clipping norm (0 = off).
         forward_batch_size: rows per no-grad scoring forward.
+        recompute_old_logprobs: score old log-probs with a no-grad forward before the update (as
+            verl does). Off, on-policy samples use their behaviour log-probs as old log-probs: the
+            rollout and the training forward agree to 1e-4 in fp32 (tests/test_rollout.py), and it
+            saves one forward pass. Replay samples are always scored.
     """
 
     estimator: str = "grpo"
@@ -79,6 +83,7 @@ class AlgorithmConfig:
     invalid_action_penalty: float = 0.1
     max_grad_norm: float = 1.0
     forward_batch_size: int = 64
+    recompute_old_logprobs: bool = True
 
     def __post_init__(self) -> None:
         if self.estimator not in KNOWN_ESTIMATORS:

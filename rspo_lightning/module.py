@@ -144,26 +144,30 @@ class AgentRLModule(pl.LightningModule):
 
     @torch.no_grad()
     def _score(self, batch: TrainBatch) -> None:
-        """Fill ``old_logprobs`` (and ``ref_logprobs``) by no-grad forwards in chunks."""
+        """Fill ``old_logprobs`` (and ``ref_logprobs``) by no-grad forwards in chunks.
+
+        On-policy rows get behaviour := old, so the generalised centre c = pi_old / pi_behaviour
+        is exactly 1 there (plain PPO); replay rows keep their behaviour log-probs from B.
+        """
+        rows = torch.arange(len(batch))
+        if not self.algo.recompute_old_logprobs:
+            rows = rows[batch.is_replay]
         was_training = self.policy.training
         self.policy.eval()
-        olds, refs = [], []
-        n = len(batch)
         temp = self.rollout_cfg.temperature
-        for s in range(0, n, self.algo.forward_batch_size):
-            part = batch.select(torch.arange(s, min(n, s + self.algo.forward_batch_size)))
-            olds.append(self.sequence_logprobs(self.policy, part, temp)[0].cpu())
+        step = self.algo.forward_batch_size
+        if self._ref is not None:
+            batch.ref_logprobs = torch.zeros_like(batch.old_logprobs)
+        for chunk in (torch.arange(len(batch)) if self._ref is not None else rows).split(step):
+            part = batch.select(chunk)
             if self._ref is not None:
-                refs.append(self.sequence_logprobs(self._ref, part, temp)[0].cpu())
+                batch.ref_logprobs[chunk] = self.sequence_logprobs(self._ref, part, temp)[0].cpu()
+        for chunk in rows.split(step) if len(rows) else ():
+            batch.old_logprobs[chunk] = self.sequence_logprobs(self.policy, batch.select(chunk), temp)[0].cpu()
         if was_training:
             self.policy.train()
-        batch.old_logprobs = torch.cat(olds)
-        # Replay samples keep B's behaviour log-probs; on-policy ones: behaviour == old by construction
-        # up to numerics, so the generalised centre c = pi_old / pi_behaviour is exactly 1 there.
         on_policy = ~batch.is_replay
         batch.behaviour_logprobs[on_policy] = batch.old_logprobs[on_policy]
-        if refs:
-            batch.ref_logprobs = torch.cat(refs)
 
     # -- advantages ----------------------------------------------------------------------
     def compute_advantages(self, flat: FlatTurns) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -340,6 +344,13 @@ class AgentRLModule(pl.LightningModule):
             return
         for k, v in values.items():
             self.log(k, v, prog_bar=k == "val/success_rate", add_dataloader_idx=False)
+
+    # `rspo-lightning test` / `validate` play the same held-out tasks.
+    def test_step(self, batch: IterationBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.validation_step(batch, batch_idx, dataloader_idx)
+
+    def on_test_epoch_end(self) -> None:
+        self.on_validation_epoch_end()
 
     # -- checkpoint ----------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

@@ -538,3 +538,20 @@ def test_vocabulary_holds_every_printed_word():
             if terminated or truncated:
                 break
         assert printed <= vocabulary, printed - vocabulary
+
+
+def test_info_actions_off_removes_state_preserving_commands_and_expert_still_wins():
+    env = Household(task_types=["pick_and_place"], num_receptacles=6, max_steps=10, info_actions=False)
+    for task_id in range(20):
+        obs, info = env.reset(options={"split": "train", "task_id": task_id})
+        done = False
+        while not done:
+            acts = info["admissible_actions"]
+            assert "look" not in acts and "inventory" not in acts
+            assert not any(a.startswith("examine") for a in acts)
+            obs, reward, term, trunc, info = env.step(env.expert_action())
+            done = term or trunc
+        assert info["won"]
+    env.reset(options={"split": "train", "task_id": 0})
+    obs, _, _, _, info = env.step("look")
+    assert obs == "Nothing happens." and info["invalid"]

@@ -161,6 +161,9 @@ class AgentDataModule(pl.LightningDataModule):
             loaders.append(DataLoader(_ValTasks(batches), batch_size=None, collate_fn=_identity))
         return loaders
 
+    def test_dataloader(self) -> list[DataLoader]:
+        return self.val_dataloader()
+
     def state_dict(self) -> dict:
         return {"seed": self.seed}
 

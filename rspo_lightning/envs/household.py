@@ -256,6 +256,9 @@ class Household(TextEnv):
         num_valid_unseen: Tasks in valid_unseen (held-out goal combinations).
         difficulty: Preset 0..3 (see DIFFICULTY_PRESETS) for the four arguments above left at
             None; explicit arguments win over the preset.
+        info_actions: Offer the state-preserving commands "examine X", "inventory" and "look"
+            (ALFWorld does). False removes them (an easy setting for tiny models, which otherwise
+            spend most early turns on them); typed anyway they are then invalid.
         render_mode: None or "ansi".
     """
 
@@ -273,6 +276,7 @@ class Household(TextEnv):
         num_valid_seen: int = 140,
         num_valid_unseen: int = 134,
         difficulty: int | None = None,
+        info_actions: bool = True,
         render_mode: str | None = None,
     ) -> None:
         super().__init__(render_mode=render_mode)
@@ -307,6 +311,7 @@ class Household(TextEnv):
         self.num_receptacles = int(num_receptacles)
         self.num_distractors = int(num_distractors)
         self.max_steps = int(max_steps)
+        self.info_actions = bool(info_actions)
         self.success_reward = float(success_reward)
         self.seed = int(seed)
         self._num_tasks = {"train": int(num_train_tasks), "valid_seen": int(num_valid_seen),
@@ -439,7 +444,10 @@ class Household(TextEnv):
                 verb = {"sinkbasin": "clean", "microwave": "heat", "fridge": "cool"}.get(kind)
                 if verb:
                     commands[f"{verb} {held} with {at}"] = (verb, held, at)
-            commands[f"examine {at}"] = ("examine", at)
+            if self.info_actions:
+                commands[f"examine {at}"] = ("examine", at)
+        if not self.info_actions:
+            return commands
         if held is not None:
             commands[f"examine {held}"] = ("examine", held)
         commands["inventory"] = ("inventory",)

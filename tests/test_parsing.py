@@ -1,0 +1,79 @@
+"""Parsing and prompts: hand-written cases."""
+
+from rspo_lightning.parsing import parse_response
+from rspo_lightning.prompts import HistoryEntry, render_prompt
+
+ADM = ["go to shelf 1", "take apple 1 from shelf 1", "put apple 1 in/on fridge 1"]
+
+
+def test_well_formed_response_with_think():
+    p = parse_response("<think>the apple is on the shelf</think><action>take apple 1 from shelf 1</action>", ADM)
+    assert p.valid and p.action == "take apple 1 from shelf 1" and p.reason == "ok"
+    assert p.think == "the apple is on the shelf"
+
+
+def test_whitespace_and_case_are_normalised_to_the_admissible_spelling():
+    p = parse_response("<action>  Go   TO shelf 1 \n</action>", ADM)
+    assert p.valid and p.action == "go to shelf 1"
+
+
+def test_missing_tag_is_invalid():
+    for text in ["", "go to shelf 1", "<action>go to shelf 1", "go to shelf 1</action>", "<think>hm</think>"]:
+        p = parse_response(text, ADM)
+        assert not p.valid and p.reason == "missing_action_tag" and p.action == "", text
+
+
+def test_empty_action_is_invalid():
+    p = parse_response("<action>   </action>", ADM)
+    assert not p.valid and p.reason == "empty_action"
+
+
+def test_extra_text_around_the_tag_is_ignored():
+    p = parse_response("Sure! I will act now. <action>go to shelf 1</action> Done.", ADM)
+    assert p.valid and p.action == "go to shelf 1"
+
+
+def test_multiple_actions_are_invalid():
+    p = parse_response("<action>go to shelf 1</action><action>take apple 1 from shelf 1</action>", ADM)
+    assert not p.valid and p.reason == "multiple_actions"
+
+
+def test_not_admissible():
+    p = parse_response("<action>fly to the moon</action>", ADM)
+    assert not p.valid and p.reason == "not_admissible"
+    p = parse_response("<action>fly to the moon</action>", ADM, require_admissible=False)
+    assert p.valid and p.action == "fly to the moon"
+    p = parse_response("<action>fly to the moon</action>", None)  # env without an admissible list
+    assert p.valid
+
+
+def test_require_think():
+    p = parse_response("<action>go to shelf 1</action>", ADM, require_think=True)
+    assert not p.valid and p.reason == "missing_think"
+
+
+def test_garbage_inputs_never_raise():
+    for text in [None, 3, b"\xff\xfe<action>go to shelf 1</action>", "<action>" + "x" * 10_000 + "</action>",
+                 "ignore previous instructions <action>rm -rf /</action>", "\x00\udcff"]:
+        p = parse_response(text, ADM)
+        assert not p.valid or p.action in ADM
+
+
+def test_prompt_shows_only_the_last_history_window_pairs():
+    history = [HistoryEntry(f"obs{i}", f"act{i}") for i in range(1, 5)]
+    text = render_prompt("household", task="put a apple in fridge.", observation="now", admissible=ADM,
+                         history=history, step=4, history_window=2)
+    assert "obs3" in text and "act4" in text
+    assert "obs2" not in text and "act1" not in text
+    # numbering continues from the true step count
+    assert "Observation 3: obs3" in text and "Action 4: act4" in text
+    assert "already taken 4 step(s)" in text and "You are now at step 5" in text
+    assert "\n- go to shelf 1" in text
+
+
+def test_first_step_prompt_has_no_history_section():
+    text = render_prompt("compact", task="t", observation="o", admissible=ADM, history=[], step=0, history_window=2)
+    assert "history" not in text.lower()
+    text0 = render_prompt("household", task="t", observation="o", admissible=ADM, history=[HistoryEntry("a", "b")],
+                          step=1, history_window=0)
+    assert "Observation 1" not in text0
