@@ -67,6 +67,11 @@ class AlgorithmConfig:
             verl does). Off, on-policy samples use their behaviour log-probs as old log-probs: the
             rollout and the training forward agree to 1e-4 in fp32 (tests/test_rollout.py), and it
             saves one forward pass. Replay samples are always scored.
+        drop_zero_advantage: leave turn samples whose advantage is exactly 0 out of the update
+            (e.g. every turn of a group whose episodes all scored the same under GRPO). Their
+            policy-gradient term is 0; dropping them only changes the token-mean normaliser and
+            saves their forward/backward (DAPO-style group filtering). Ignored when a KL or
+            entropy term is on, since those terms do depend on every sample.
     """
 
     estimator: str = "grpo"
@@ -84,6 +89,7 @@ class AlgorithmConfig:
     max_grad_norm: float = 1.0
     forward_batch_size: int = 64
     recompute_old_logprobs: bool = True
+    drop_zero_advantage: bool = False
 
     def __post_init__(self) -> None:
         if self.estimator not in KNOWN_ESTIMATORS:

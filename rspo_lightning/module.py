@@ -19,8 +19,9 @@ from rspo_lightning import advantages as adv
 from rspo_lightning import losses
 from rspo_lightning.batching import FlatTurns, flatten, make_train_batch
 from rspo_lightning.config import GROUP_RELATIVE, AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
+from rspo_lightning.critic import CriticConfig, SeparateCritic, last_token_hidden
 from rspo_lightning.envs import make_env
-from rspo_lightning.policy import frozen_copy, load_policy, response_token_logprobs
+from rspo_lightning.policy import ValueHead, frozen_copy, hidden_size_of, load_policy, response_token_logprobs
 from rspo_lightning.prompts import template_texts
 from rspo_lightning.rollout import RolloutConfig, RolloutEngine
 from rspo_lightning.types import IterationBatch, Trajectory, TrainBatch
@@ -34,6 +35,7 @@ class AgentRLModule(pl.LightningModule):
         algorithm: advantage estimator and PPO-style update settings.
         optim: optimizer and learning-rate schedule.
         rollout: generation and prompting settings of training rollouts.
+        critic: the value function (built only for ``algorithm.estimator: gae``).
         env: environment config; None = take it from the datamodule (``data.env``).
         val_temperature: sampling temperature of validation episodes (verl-agent uses 0.4).
         val_greedy: also run greedy validation, logged as ``val/greedy_success_rate``.
@@ -46,6 +48,7 @@ class AgentRLModule(pl.LightningModule):
         algorithm: AlgorithmConfig = AlgorithmConfig(),
         optim: OptimConfig = OptimConfig(),
         rollout: RolloutConfig = RolloutConfig(),
+        critic: CriticConfig = CriticConfig(),
         env: EnvConfig | None = None,
         val_temperature: float = 0.4,
         val_greedy: bool = False,
@@ -55,13 +58,15 @@ class AgentRLModule(pl.LightningModule):
         self.save_hyperparameters()
         self.policy_cfg, self.algo, self.optim_cfg, self.rollout_cfg = policy, algorithm, optim, rollout
         self.env_cfg = env
+        self.critic_cfg = critic
         self.val_temperature = val_temperature
         self.val_greedy = val_greedy
         self.seed = seed
         self.automatic_optimization = False
         self.policy = None
         self.tokenizer = None
-        self.value_head = None  # the critic slot (PPO / asymmetric critic)
+        self.value_head = None  # shared critic: value head on the policy backbone
+        self.critic = None  # separate (asymmetric) critic with its own backbone and optimizer
         self._ref = None  # frozen reference model: not a submodule, so never checkpointed
         self.engine: RolloutEngine | None = None
         self.iteration = 0
@@ -97,6 +102,11 @@ class AgentRLModule(pl.LightningModule):
         self.policy.config.use_cache = True
         if self.algo.kl_coef > 0:
             self._ref = frozen_copy(self.policy)
+        if self.algo.estimator == "gae":
+            if self.critic_cfg.kind == "shared":
+                self.value_head = ValueHead(hidden_size_of(self.policy))
+            else:
+                self.critic = SeparateCritic(self.critic_cfg, self.policy, self.tokenizer)
         self.engine = RolloutEngine(self.policy, self.tokenizer, self.rollout_cfg, env_cfg.kwargs)
 
     def setup(self, stage: str) -> None:
@@ -108,39 +118,54 @@ class AgentRLModule(pl.LightningModule):
                 f"data.group_size must be >= 2 for the group-relative estimator {self.algo.estimator!r}, got {group_size}; "
                 "raise data.group_size or use algorithm.estimator: gae"
             )
-        if self.algo.estimator == "gae" and self.value_head is None:
-            raise ValueError("algorithm.estimator: gae needs a critic, which this module version does not build yet; use grpo/rloo/gigpo/proxmo/a2tgpo")
 
     def on_fit_start(self) -> None:
         if self._ref is not None:
             self._ref.to(self.device)
 
+    def set_env_kwargs(self, changes: dict) -> None:
+        """Change environment keyword arguments mid-run (curriculum); new episodes use them."""
+        env_cfg = self._resolve_env()
+        env_cfg.kwargs = {**env_cfg.kwargs, **changes}
+        make_env(env_cfg.env_id, **env_cfg.kwargs).close()  # a bad value fails here, not mid-rollout
+        if self.engine is not None:
+            self.engine.set_env_kwargs(env_cfg.kwargs)
+
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         return batch  # task specs and trajectories stay on the CPU; tensors move when used
 
     def configure_optimizers(self):
-        params = [p for p in self.policy.parameters() if p.requires_grad]
+        oc = self.optim_cfg
+        groups = [{"params": [p for p in self.policy.parameters() if p.requires_grad]}]
         if self.value_head is not None:
-            params += list(self.value_head.parameters())
-        opt = torch.optim.AdamW(params, lr=self.optim_cfg.lr, betas=self.optim_cfg.betas, weight_decay=self.optim_cfg.weight_decay)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, self.optim_cfg.lr_factor)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+            groups.append({"params": list(self.value_head.parameters()), "lr": self.critic_cfg.lr})
+        opt = torch.optim.AdamW(groups, lr=oc.lr, betas=oc.betas, weight_decay=oc.weight_decay)
+        sched = {"scheduler": torch.optim.lr_scheduler.LambdaLR(opt, oc.lr_factor), "interval": "step"}
+        if self.critic is None:
+            return {"optimizer": opt, "lr_scheduler": sched}
+        critic_opt = torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad], lr=self.critic_cfg.lr)
+        return [opt, critic_opt], [sched]
 
     # -- log-probs -----------------------------------------------------------------------
-    def sequence_logprobs(self, model, batch: TrainBatch, temperature: float, with_entropy: bool = False):
-        """Log-probs (and entropy) of the response window ``[n, T]`` under ``model``."""
+    def sequence_logprobs(self, model, batch: TrainBatch, temperature: float, with_entropy: bool = False, with_values: bool = False):
+        """``(logprobs [n, T], entropy [n, T] or None, shared-head values [n] or None)`` of the response window."""
         ids = batch.input_ids.to(self.device)
         attn = batch.attention_mask.to(self.device)
         window = batch.response_mask.shape[1]
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=window + 1, use_cache=False)
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=window + 1, use_cache=False,
+                    output_hidden_states=with_values)
+        values = None
+        if with_values:
+            hidden = out.hidden_states[-1]
+            values = self.value_head(hidden[torch.arange(len(ids), device=hidden.device), batch.value_positions.to(hidden.device)].float())
         logits = out.logits[:, :-1].float()
         allowed = batch.allowed_ids.to(self.device) if batch.allowed_ids is not None else None
         lp, ent = response_token_logprobs(logits, ids[:, -window:], temperature, allowed)
         mask = batch.response_mask.to(self.device)
         lp = torch.where(mask, lp, torch.zeros_like(lp))
         ent = torch.where(mask, ent, torch.zeros_like(ent))
-        return lp, (ent if with_entropy else None)
+        return lp, (ent if with_entropy else None), values
 
     @torch.no_grad()
     def _score(self, batch: TrainBatch) -> None:
@@ -154,26 +179,29 @@ class AgentRLModule(pl.LightningModule):
             rows = rows[batch.is_replay]
         was_training = self.policy.training
         self.policy.eval()
-        temp = self.rollout_cfg.temperature
-        step = self.algo.forward_batch_size
         if self._ref is not None:
             batch.ref_logprobs = torch.zeros_like(batch.old_logprobs)
-        for chunk in (torch.arange(len(batch)) if self._ref is not None else rows).split(step):
-            part = batch.select(chunk)
-            if self._ref is not None:
-                batch.ref_logprobs[chunk] = self.sequence_logprobs(self._ref, part, temp)[0].cpu()
-        for chunk in rows.split(step) if len(rows) else ():
-            batch.old_logprobs[chunk] = self.sequence_logprobs(self.policy, batch.select(chunk), temp)[0].cpu()
+            self._fill_logprobs(self._ref, batch, torch.arange(len(batch)), batch.ref_logprobs)
+        self._fill_logprobs(self.policy, batch, rows, batch.old_logprobs)
         if was_training:
             self.policy.train()
         on_policy = ~batch.is_replay
         batch.behaviour_logprobs[on_policy] = batch.old_logprobs[on_policy]
 
+    def _fill_logprobs(self, model, batch: TrainBatch, rows: torch.Tensor, target: torch.Tensor) -> None:
+        """``target[rows]`` := log-probs under ``model``, in chunks (a chunk's window may be narrower)."""
+        for chunk in rows.split(self.algo.forward_batch_size) if len(rows) else ():
+            lp = self.sequence_logprobs(model, batch.select(chunk), self.rollout_cfg.temperature)[0].cpu()
+            target[chunk] = 0.0
+            target[chunk, target.shape[1] - lp.shape[1]:] = lp
+
     # -- advantages ----------------------------------------------------------------------
-    def compute_advantages(self, flat: FlatTurns) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-turn advantages (+ per-turn clip multipliers) from the configured estimator."""
+    def compute_advantages(self, flat: FlatTurns, values: torch.Tensor | None = None):
+        """Per-turn ``(advantages, clip multipliers or None, returns or None)`` of the estimator."""
         name = self.algo.estimator
         kw = dict(self.algo.estimator_kwargs)
+        if name == "gae":
+            kw["values"] = values
         if name in ("gigpo", "proxmo"):
             kw["anchors"] = flat.anchors
         if name == "proxmo":
@@ -183,14 +211,26 @@ class AgentRLModule(pl.LightningModule):
             kw["epsilon"] = 1.0  # returned clip_eps is then a multiplier of clip_eps_low/high
         result = adv.compute_advantages(name, rewards=flat.rewards, traj_index=flat.traj_index,
                                         group_index=flat.group_index, turn_index=flat.turn_index, **kw)
-        clip_eps = None
-        if isinstance(result, tuple) and hasattr(result, "clip_eps"):
-            advantages, clip_eps = result.advantages, result.clip_eps
-        else:
-            advantages = result
+        clip_eps = getattr(result, "clip_eps", None)
+        returns = getattr(result, "returns", None)
+        advantages = result.advantages if isinstance(result, tuple) else result
         # Invalid-action penalty: applied after the estimator, to the invalid turn alone.
         advantages = advantages - self.algo.invalid_action_penalty * flat.invalid.float()
-        return advantages, clip_eps
+        return advantages, clip_eps, returns
+
+    @torch.no_grad()
+    def critic_values(self, batch: TrainBatch) -> torch.Tensor:
+        """V(s) ``[N]`` of every row before the update (shared head or separate critic)."""
+        out = []
+        for chunk in torch.arange(len(batch)).split(self.algo.forward_batch_size):
+            part = batch.select(chunk)
+            if self.critic is not None:
+                out.append(self.critic(part.critic_rows, self.device).cpu())
+            else:
+                hidden = last_token_hidden(self.policy, part.input_ids.to(self.device),
+                                           part.attention_mask.to(self.device), part.value_positions)
+                out.append(self.value_head(hidden.float()).cpu())
+        return torch.cat(out)
 
     # -- the iteration -------------------------------------------------------------------
     def training_step(self, batch: IterationBatch, batch_idx: int) -> None:
@@ -205,10 +245,26 @@ class AgentRLModule(pl.LightningModule):
 
         t1 = time.perf_counter()
         flat = flatten(all_trajs, batch.reward_mode)
-        advantages, clip_eps = self.compute_advantages(flat)
-        train_batch = make_train_batch(flat, self.engine.pad_id, advantages, clip_eps=clip_eps)
+        train_batch = make_train_batch(flat, self.engine.pad_id, torch.zeros(len(flat.turns)))
+        values = None
+        if self.algo.estimator == "gae":
+            if self.critic is not None:
+                train_batch.critic_rows = self.critic.input_ids(flat.turns)
+            values = train_batch.old_values = self.critic_values(train_batch)
+        advantages, clip_eps, returns = self.compute_advantages(flat, values)
+        train_batch.advantages = advantages.float()
+        if clip_eps is not None:
+            train_batch.clip_eps = clip_eps.float()
+        if returns is not None:
+            train_batch.returns = returns.float()
+            var = returns.var()
+            self.log("train/explained_variance", float(1 - (returns - values).var() / var) if var > 0 else 0.0, on_step=True)
+        if (self.algo.drop_zero_advantage and self.algo.kl_coef == 0 and self.algo.entropy_coef == 0
+                and self.algo.estimator != "gae"):
+            train_batch = train_batch.select(torch.nonzero(advantages != 0).flatten())
+        self.log("train/samples", float(len(train_batch)), on_step=True)
         self._score(train_batch)
-        stats = self._update(train_batch)
+        stats = self._update(train_batch) if len(train_batch) else {}
         update_s = time.perf_counter() - t1
         trained_tokens = int(train_batch.attention_mask.sum()) * self.algo.ppo_epochs
 
@@ -218,12 +274,13 @@ class AgentRLModule(pl.LightningModule):
             self.log(f"train/{k}", v, on_step=True, prog_bar=k == "policy_loss")
         self.log_dict({
             "train/advantage_abs": advantages.abs().mean().item(),
-            "train/lr": self.optimizers().param_groups[0]["lr"],
+            "train/lr": self._optimizers()[0].param_groups[0]["lr"],
             "perf/rollout_s": rollout_s,
             "perf/update_s": update_s,
             "perf/rollout_tokens_per_s": gen_tokens / max(rollout_s, 1e-9),
             "perf/update_tokens_per_s": trained_tokens / max(update_s, 1e-9),
             "iteration": float(self.iteration),
+            "step": float(self.iteration),  # Lightning's x-axis key: curves are plotted per RL iteration
         }, on_step=True)
         self.log("it", float(self.iteration), prog_bar=True, on_step=True, logger=False)
 
@@ -235,9 +292,14 @@ class AgentRLModule(pl.LightningModule):
             m = int(t.item())
         return m
 
+    def _optimizers(self):
+        opts = self.optimizers()
+        return opts if isinstance(opts, list) else [opts]
+
     def _update(self, batch: TrainBatch) -> dict[str, float]:
-        opt = self.optimizers()
-        sched = self.lr_schedulers()
+        opts = self._optimizers()
+        opt = opts[0]
+        critic_opt = opts[1] if len(opts) > 1 else None
         algo = self.algo
         n = len(batch)
         gen = torch.Generator().manual_seed(self.seed * 100003 + self.iteration)
@@ -263,31 +325,49 @@ class AgentRLModule(pl.LightningModule):
                     )
                     sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
                 opt.step()
+                if critic_opt is not None:
+                    sums["value_loss"] = sums.get("value_loss", 0.0) + self._separate_critic_step(mb, critic_opt)
                 count += 1
-        sched.step()
+        self.lr_schedulers().step()
         return {k: v / max(count, 1) for k, v in sums.items()}
+
+    def _separate_critic_step(self, mb: TrainBatch, critic_opt) -> float:
+        critic_opt.zero_grad()
+        values = self.critic(mb.critic_rows, self.device)
+        loss = losses.value_loss(values, mb.old_values.to(self.device), mb.returns.to(self.device), self.critic_cfg.value_clip)
+        self.manual_backward(loss * self.critic_cfg.value_coef)
+        critic_opt.step()
+        return float(loss)
 
     def _loss(self, mb: TrainBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         algo = self.algo
         dev = self.device
-        need_entropy = True
-        logprobs, entropy = self.sequence_logprobs(self.policy, mb, self.rollout_cfg.temperature, with_entropy=need_entropy)
+        shared_critic = self.value_head is not None
+        logprobs, entropy, values = self.sequence_logprobs(
+            self.policy, mb, self.rollout_cfg.temperature, with_entropy=True, with_values=shared_critic)
         mask = mb.response_mask.to(dev)
         eps_scale = mb.clip_eps.to(dev)
         pg_loss, st = losses.clipped_surrogate(
             logprobs, mb.old_logprobs.to(dev), mb.behaviour_logprobs.to(dev), mb.advantages.to(dev), mask,
             eps_low=algo.clip_eps_low * eps_scale, eps_high=algo.clip_eps_high * eps_scale, agg=algo.loss_agg,
         )
-        total = pg_loss
+        # critic warm-up: the actor does not move during the first iterations (verl's critic_warmup)
+        actor_moves = self.iteration >= self.critic_cfg.warmup_iterations or self.algo.estimator != "gae"
+        total = pg_loss if actor_moves else pg_loss * 0.0
         stats = {"policy_loss": pg_loss.detach(), **{k: v.detach() for k, v in st.items()}}
+        if shared_critic:
+            v_loss = losses.value_loss(values, mb.old_values.to(dev), mb.returns.to(dev), self.critic_cfg.value_clip)
+            total = total + self.critic_cfg.value_coef * v_loss
+            stats["value_loss"] = v_loss.detach()
         ent = losses.aggregate(entropy, mask, algo.loss_agg)
         stats["entropy"] = ent.detach()
-        if algo.entropy_coef > 0:
+        if algo.entropy_coef > 0 and actor_moves:
             total = total - algo.entropy_coef * ent
         if mb.ref_logprobs is not None:
             kl = losses.aggregate(losses.kl_penalty(logprobs, mb.ref_logprobs.to(dev), kind=algo.kl_estimator), mask, algo.loss_agg)
             stats["kl"] = kl.detach()
-            total = total + algo.kl_coef * kl
+            if actor_moves:
+                total = total + algo.kl_coef * kl
         stats["loss"] = total.detach()
         return total, stats
 
@@ -344,6 +424,8 @@ class AgentRLModule(pl.LightningModule):
             return
         for k, v in values.items():
             self.log(k, v, prog_bar=k == "val/success_rate", add_dataloader_idx=False)
+        if values:
+            self.log("step", float(self.iteration), add_dataloader_idx=False)
 
     # `rspo-lightning test` / `validate` play the same held-out tasks.
     def test_step(self, batch: IterationBatch, batch_idx: int, dataloader_idx: int = 0) -> None:

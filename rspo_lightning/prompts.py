@@ -42,6 +42,8 @@ COMPACT_TEMPLATE_NO_HISTORY = (
 )
 
 SYSTEM_PROMPT = "You are a helpful assistant."
+ACTION_OPEN = "<action>"
+ACTION_CLOSE = "</action>"
 
 TEMPLATES: dict[str, tuple[str, str]] = {
     "household": (HOUSEHOLD_TEMPLATE, HOUSEHOLD_TEMPLATE_NO_HISTORY),
@@ -119,3 +121,31 @@ def template_texts() -> list[str]:
         texts.extend(pair)
     texts.append("- Observation 1: Action 1:")
     return texts
+
+
+def build_turn_prompt(tokenizer, rollout_cfg, info: dict, observation: str, history: Sequence[HistoryEntry], step: int) -> list[int]:
+    """Prompt token ids of one turn, exactly as the rollout engine builds them.
+
+    Args:
+        tokenizer: the policy's tokenizer (chat template applied).
+        rollout_cfg: a ``RolloutConfig`` (template, history_window, system_prompt are used).
+        info: the env's info dict of the current state (``task``, ``admissible_actions``).
+        observation: the current observation.
+        history: every past (observation, action) pair of the episode, oldest first.
+        step: number of turns already taken.
+    """
+    text = render_prompt(
+        rollout_cfg.template,
+        task=str(info.get("task", "")),
+        observation=observation,
+        admissible=info.get("admissible_actions"),
+        history=history,
+        step=step,
+        history_window=rollout_cfg.history_window,
+    )
+    return chat_prompt_ids(tokenizer, text, rollout_cfg.system_prompt or None)
+
+
+def action_response_ids(tokenizer, action: str) -> list[int]:
+    """Token ids of ``"<action> {action} </action>"`` (what constrained decoding emits; no eos)."""
+    return tokenizer(f"{ACTION_OPEN} {action} {ACTION_CLOSE}", add_special_tokens=False)["input_ids"]

@@ -19,13 +19,11 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 
 from rspo_lightning.envs import make_env
 from rspo_lightning.parsing import parse_response
-from rspo_lightning.prompts import HistoryEntry, chat_prompt_ids, render_prompt
+from rspo_lightning.prompts import ACTION_CLOSE, HistoryEntry, action_response_ids, build_turn_prompt
 from rspo_lightning.types import TaskSpec, Trajectory, Turn
 
 log = logging.getLogger(__name__)
 
-ACTION_OPEN = "<action>"
-ACTION_CLOSE = "</action>"
 
 
 @dataclass
@@ -168,6 +166,11 @@ class RolloutEngine:
         self.stats = {"generated_tokens": 0, "generate_s": 0.0}
 
     # -- environments -------------------------------------------------------------------
+    def set_env_kwargs(self, env_kwargs: dict) -> None:
+        """Use new ``gymnasium.make`` kwargs from the next ``collect`` on (the pool is rebuilt)."""
+        self.env_kwargs = dict(env_kwargs)
+        self._envs.clear()
+
     def _env_pool(self, env_id: str, n: int) -> list:
         pool = self._envs.setdefault(env_id, [])
         while len(pool) < n:
@@ -178,11 +181,7 @@ class RolloutEngine:
         key = tuple(admissible)
         trie = self._trie_cache.get(key)
         if trie is None:
-            seqs = [
-                self.tokenizer(f"{ACTION_OPEN} {a} {ACTION_CLOSE}", add_special_tokens=False)["input_ids"]
-                for a in admissible
-            ]
-            trie = ActionTrie(seqs)
+            trie = ActionTrie([action_response_ids(self.tokenizer, a) for a in admissible])
             if len(self._trie_cache) > 20000:
                 self._trie_cache.clear()
             self._trie_cache[key] = trie
@@ -250,19 +249,7 @@ class RolloutEngine:
     def _play_turn(self, active: list[_Episode], temperature: float, greedy: bool) -> None:
         cfg = self.config
         tok = self.tokenizer
-        prompts = []
-        for ep in active:
-            admissible = ep.info.get("admissible_actions")
-            text = render_prompt(
-                cfg.template,
-                task=str(ep.info.get("task", "")),
-                observation=ep.observation,
-                admissible=admissible,
-                history=ep.history,
-                step=len(ep.traj.turns),
-                history_window=cfg.history_window,
-            )
-            prompts.append(chat_prompt_ids(tok, text, cfg.system_prompt or None))
+        prompts = [build_turn_prompt(tok, cfg, ep.info, ep.observation, ep.history, len(ep.traj.turns)) for ep in active]
         responses, logprobs, allowed = self.generate(
             prompts, temperature, greedy, [ep.info.get("admissible_actions") for ep in active]
         )

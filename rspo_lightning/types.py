@@ -147,6 +147,8 @@ class TrainBatch:
         value_positions: ``[N]`` column in ``input_ids`` of the last prompt token (critic reads V(s)).
         ref_logprobs: ``[N, T]`` log-probs under the frozen reference model, or None without KL.
         allowed_ids: ``[N, T, K]`` allowed next-token ids of constrained samples (-1 pad), or None.
+        old_values: ``[N]`` critic values V(s) before the update (PPO), or None.
+        critic_rows: per-row prompt ids of a separate (asymmetric) critic, or None.
     """
 
     input_ids: torch.Tensor
@@ -161,14 +163,33 @@ class TrainBatch:
     value_positions: torch.Tensor
     ref_logprobs: torch.Tensor | None = None
     allowed_ids: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    critic_rows: list[list[int]] | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def select(self, index: torch.Tensor) -> "TrainBatch":
-        """Rows ``index`` of every tensor (a minibatch)."""
+        """Rows ``index`` of every tensor (a minibatch), with padding no row needs trimmed off."""
         kw = {}
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
-            kw[name] = value[index] if isinstance(value, torch.Tensor) else value
+            if isinstance(value, torch.Tensor):
+                kw[name] = value[index]
+            elif isinstance(value, list):
+                kw[name] = [value[i] for i in index.tolist()]
+            else:
+                kw[name] = value
+        if len(index) == 0:
+            return TrainBatch(**kw)
+        # Left padding every selected row has, and response-window columns no row uses.
+        lead = int((kw["attention_mask"].cumsum(-1) == 0).sum(-1).min())
+        window = int(kw["response_mask"].sum(-1).max())
+        cut = kw["response_mask"].shape[1] - window
+        kw["input_ids"] = kw["input_ids"][:, lead:]
+        kw["attention_mask"] = kw["attention_mask"][:, lead:]
+        kw["value_positions"] = kw["value_positions"] - lead
+        for name in ("response_mask", "behaviour_logprobs", "old_logprobs", "ref_logprobs", "allowed_ids"):
+            if kw[name] is not None:
+                kw[name] = kw[name][:, cut:]
         return TrainBatch(**kw)

@@ -2,6 +2,7 @@
 
 import glob
 import os
+import shutil
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_ARGS = [
+    "fit",
     "--config", os.path.join(ROOT, "configs", "quickstart.yaml"),
     "--trainer.max_epochs", "1",
     "--data.iterations_per_epoch", "2",
@@ -19,11 +21,17 @@ TINY_ARGS = [
     "--data.env.kwargs", '{"task_types": ["pick_and_place"], "num_receptacles": 6, "max_steps": 4}',
     "--model.policy.tiny.hidden_size", "32",
     "--model.policy.tiny.intermediate_size", "64",
+    # free generation: a random tiny model emits invalid actions, whose penalty guarantees a
+    # non-zero advantage (with constrained decoding and no success every advantage could be 0)
+    "--model.rollout.constrained_decoding", "false",
+    "--model.rollout.max_new_tokens", "6",
 ]
 
 
 def _run(args, cwd):
-    cmd = [sys.executable, "-m", "rspo_lightning.cli", *args]
+    # the installed console script, as a user runs it (python -m as a fallback in odd installs)
+    exe = shutil.which("rspo-lightning")
+    cmd = [exe, *args] if exe else [sys.executable, "-m", "rspo_lightning.cli", *args]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
@@ -49,10 +57,11 @@ def test_fit_writes_metrics_and_changes_weights(tmp_path):
                 "perf/update_tokens_per_s", "rollout/invalid_rate", "val/success_rate", "val_unseen/success_rate"]:
         assert tag in tags, (tag, sorted(tags))
     # two iterations logged, at steps 1 and 2 (the x-axis is the RL iteration)
-    assert [e.step for e in acc.Scalars("rollout/success_rate")] == [0, 1] or len(acc.Scalars("rollout/success_rate")) == 2
-    # validation before training is recorded at step 0
-    assert 0 in [e.step for e in acc.Scalars("val/success_rate")]
-    assert "transcripts/episode_0" in acc.Tags()["tensors"]
+    assert [e.step for e in acc.Scalars("rollout/success_rate")] == [1, 2]
+    assert [e.step for e in acc.Scalars("train/policy_loss")] == [1, 2]
+    # validation before training is recorded at step 0, the epoch-end one at iteration 2
+    assert [e.step for e in acc.Scalars("val/success_rate")] == [0, 2]
+    assert "transcripts/episode_0/text_summary" in acc.Tags()["tensors"]
 
     # the policy moved: compare the checkpoint to a freshly built (identically seeded) policy
     ckpt = torch.load(ckpt_dir / "last.ckpt", weights_only=True, map_location="cpu")
@@ -89,3 +98,13 @@ def test_bad_config_fails_at_startup(tmp_path):
     proc = _run([*TINY_ARGS, "--model.algorithm.estimator", "nope"], cwd=tmp_path)
     assert proc.returncode != 0
     assert "nope" in proc.stderr and "grpo" in proc.stderr
+
+
+def test_naming_another_class_switches_to_subclass_mode(tmp_path):
+    from rspo_lightning.cli import _names_a_class
+
+    assert not _names_a_class(["fit", "--config", os.path.join(ROOT, "configs", "quickstart.yaml")])
+    assert _names_a_class(["fit", "--config", os.path.join(ROOT, "configs", "household", "sft.yaml")])
+    assert _names_a_class(["fit", "--model", "rspo_lightning.sft.SFTModule"])
+    assert _names_a_class(["fit", "--data=rspo_lightning.datamodules.TrajectoryDataModule"])
+    assert not _names_a_class(["fit", "--config", str(tmp_path / "missing.yaml")])

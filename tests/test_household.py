@@ -555,3 +555,17 @@ def test_info_actions_off_removes_state_preserving_commands_and_expert_still_win
     env.reset(options={"split": "train", "task_id": 0})
     obs, _, _, _, info = env.step("look")
     assert obs == "Nothing happens." and info["invalid"]
+
+
+def test_num_object_types_restricts_goals_and_distractors():
+    from rspo_lightning.envs.household import OBJECT_TYPES
+
+    allowed = set(list(OBJECT_TYPES)[:8])
+    env = Household(task_types=["pick_and_place"], num_receptacles=6, num_object_types=8)
+    for split in env.splits:
+        for task_id in range(30):
+            task = env.unwrapped.task(split, task_id)
+            assert task.object_type in allowed
+            assert {obj.rsplit(" ", 1)[0] for obj, _ in task.placement} <= allowed
+    with pytest.raises(ValueError, match="num_object_types"):
+        Household(num_object_types=1)

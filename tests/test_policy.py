@@ -62,10 +62,13 @@ def test_tiny_tokenizer_round_trips_an_action(tiny):
     # Tags survive skip_special_tokens (they are added, not special); roles and eos do not.
     with_eos = ids + [tokenizer.eos_token_id]
     assert tokenizer.decode(with_eos, skip_special_tokens=True) == text
-    # Glued tags are split off; slashes and numbered items stay single words.
+    # Glued tags are split off; slashes stay inside words; sentence punctuation is its own token,
+    # so "countertop." in an instruction shares the token "countertop" with the actions.
     assert tokenizer.encode("<action>go to shelf 1</action>", add_special_tokens=False) == ids
     assert len(tokenizer.encode("in/on", add_special_tokens=False)) == 1
-    assert len(tokenizer.encode("1.", add_special_tokens=False)) == 1
+    assert tokenizer.convert_ids_to_tokens(tokenizer.encode("1.", add_special_tokens=False)) == ["1", "."]
+    assert tokenizer.convert_ids_to_tokens(tokenizer.encode("countertop 1, and", add_special_tokens=False)) == [
+        "countertop", "1", ",", "and"]
     assert tokenizer.encode("zebra", add_special_tokens=False) == [tokenizer.unk_token_id]
 
 

@@ -89,3 +89,21 @@ def test_trie_lists_allowed_continuations():
     assert sorted(trie.root) == [1, 5]
     assert sorted(trie.root[1][2]) == [3, 4]
     assert trie.root[5] == {}
+
+
+def test_select_trims_shared_padding_without_moving_responses(tiny_policy):
+    engine, trajs = _play(tiny_policy, constrained=True)
+    flat = flatten(trajs)
+    batch = make_train_batch(flat, engine.pad_id, torch.arange(len(flat.turns), dtype=torch.float32))
+    rows = torch.tensor([0, len(flat.turns) - 1])
+    sub = batch.select(rows)
+    assert sub.input_ids.shape[1] <= batch.input_ids.shape[1]
+    assert bool(sub.attention_mask[:, 0].any())  # no all-padding leading column left
+    for j, i in enumerate(rows.tolist()):
+        turn = flat.turns[i]
+        r = len(turn.response_ids)
+        assert torch.equal(sub.input_ids[j, -r:], turn.response_ids)
+        assert int(sub.response_mask[j].sum()) == r
+        assert torch.equal(sub.behaviour_logprobs[j][sub.response_mask[j]], turn.behaviour_logprobs)
+        assert sub.input_ids[j, sub.value_positions[j]] == turn.prompt_ids[-1]
+        assert sub.advantages[j] == i

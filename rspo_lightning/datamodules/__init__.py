@@ -1,5 +1,6 @@
 """Lightning data modules."""
 
 from rspo_lightning.datamodules.agent import AgentDataModule
+from rspo_lightning.datamodules.trajectory import TrajectoryDataModule
 
-__all__ = ["AgentDataModule"]
+__all__ = ["AgentDataModule", "TrajectoryDataModule"]

@@ -206,13 +206,18 @@ def _a_list(names: list[str]) -> str:
 
 def generate_task(
     seed: int, split: str, task_id: int, task_types: tuple[str, ...], num_receptacles: int,
-    num_distractors: int,
+    num_distractors: int, object_types: tuple[str, ...] | None = None,
 ) -> HouseholdTask:
-    """Build the task `(seed, split, task_id)`; pure and stable across Python runs."""
+    """Build the task `(seed, split, task_id)`; pure and stable across Python runs.
+
+    `object_types` restricts goal objects and distractors to these types (None = all)."""
     digest = hashlib.sha256(f"household|{seed}|{split}|{task_id}".encode()).digest()
     rng = random.Random(int.from_bytes(digest[:8], "big"))
     task_type = rng.choice(task_types)
-    object_type, goal_type = rng.choice(_COMBINATIONS[task_type, split == "valid_unseen"])
+    combos = _COMBINATIONS[task_type, split == "valid_unseen"]
+    if object_types is not None:
+        combos = [c for c in combos if c[0] in object_types]
+    object_type, goal_type = rng.choice(combos)
     instruction = rng.choice(_INSTRUCTIONS[task_type]).format(o=object_type, r=goal_type)
 
     types = sorted({_APPLIANCE[t] for t in task_types if t in _APPLIANCE})
@@ -229,7 +234,7 @@ def generate_task(
     placeable = [r for r in receptacles if _type_of(r) != _LAMP]
     starts = [r for r in placeable if _type_of(r) != goal_type]
     num_targets = rng.randint(2, 3) if task_type == "pick_two_obj_and_place" else rng.randint(1, 2)
-    others = [o for o in OBJECT_TYPES if o != object_type]
+    others = [o for o in (object_types or OBJECT_TYPES) if o != object_type]
     object_types = [object_type] * num_targets + [rng.choice(others) for _ in range(num_distractors)]
     objects = _numbered(object_types)
     placement = tuple(
@@ -256,6 +261,9 @@ class Household(TextEnv):
         num_valid_unseen: Tasks in valid_unseen (held-out goal combinations).
         difficulty: Preset 0..3 (see DIFFICULTY_PRESETS) for the four arguments above left at
             None; explicit arguments win over the preset.
+        num_object_types: Use only the first N object types of the catalogue (OBJECT_TYPES order)
+            for goals and distractors (None = all 40); fewer types make an easier task for
+            tiny models. Every task type must keep seen and unseen goal combinations.
         info_actions: Offer the state-preserving commands "examine X", "inventory" and "look"
             (ALFWorld does). False removes them (an easy setting for tiny models, which otherwise
             spend most early turns on them); typed anyway they are then invalid.
@@ -276,6 +284,7 @@ class Household(TextEnv):
         num_valid_seen: int = 140,
         num_valid_unseen: int = 134,
         difficulty: int | None = None,
+        num_object_types: int | None = None,
         info_actions: bool = True,
         render_mode: str | None = None,
     ) -> None:
@@ -312,6 +321,17 @@ class Household(TextEnv):
         self.num_distractors = int(num_distractors)
         self.max_steps = int(max_steps)
         self.info_actions = bool(info_actions)
+        self.object_types = None
+        if num_object_types is not None:
+            if int(num_object_types) < 2:
+                raise ValueError(f"num_object_types must be >= 2 or None, got {num_object_types}")
+            self.object_types = tuple(list(OBJECT_TYPES)[: int(num_object_types)])
+            for t in self.task_types:
+                for unseen in (False, True):
+                    if not any(c[0] in self.object_types for c in _COMBINATIONS[t, unseen]):
+                        raise ValueError(
+                            f"num_object_types={num_object_types} leaves task type {t!r} without "
+                            f"{'unseen' if unseen else 'seen'} goals; use more object types")
         self.success_reward = float(success_reward)
         self.seed = int(seed)
         self._num_tasks = {"train": int(num_train_tasks), "valid_seen": int(num_valid_seen),
@@ -331,7 +351,7 @@ class Household(TextEnv):
         split = self.check_split(split)
         task_id = self.check_task_id(split, task_id)
         return generate_task(self.seed, split, task_id, self.task_types, self.num_receptacles,
-                             self.num_distractors)
+                             self.num_distractors, self.object_types)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """Start task `options["task_id"]` of `options["split"]` (default "train").

@@ -1,0 +1,103 @@
+"""AgentRLModule: scoring exactness, PPO with a shared or an asymmetric critic, critic warm-up."""
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from rspo_lightning.batching import flatten, make_train_batch
+from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
+from rspo_lightning.critic import CriticConfig
+from rspo_lightning.datamodules import AgentDataModule
+from rspo_lightning.module import AgentRLModule
+from rspo_lightning.policy import TinyModelConfig
+from rspo_lightning.rollout import RolloutConfig
+from rspo_lightning.types import TaskSpec
+
+ENV = EnvConfig(kwargs={"task_types": ["pick_and_place"], "num_receptacles": 4, "num_distractors": 1,
+                        "num_object_types": 8, "max_steps": 4, "info_actions": False})
+TINY = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
+
+
+def _module(**kw):
+    kw.setdefault("rollout", RolloutConfig(constrained_decoding=False, max_new_tokens=6, template="compact", system_prompt=""))
+    kw.setdefault("optim", OptimConfig(lr=1e-2))
+    m = AgentRLModule(policy=PolicyConfig(tiny=TINY), env=ENV, **kw)
+    m.configure_model()
+    return m
+
+
+def _fit(module, iterations=2):
+    dm = AgentDataModule(env=ENV, groups_per_iteration=2, group_size=2, iterations_per_epoch=iterations, val_splits=[])
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, num_sanity_val_steps=0,
+                         limit_val_batches=0, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, dm)
+    return trainer
+
+
+def _snapshot(mod):
+    return {k: v.detach().clone() for k, v in mod.state_dict().items()}
+
+
+def _changed(before, mod):
+    return [k for k, v in mod.state_dict().items() if not torch.equal(before[k], v)]
+
+
+def test_scoring_forward_reproduces_behaviour_logprobs():
+    m = _module()
+    torch.manual_seed(0)
+    trajs = m.engine.collect([TaskSpec("rspo/Household-v0", "train", i, i) for i in range(3)], 2)
+    flat = flatten(trajs)
+    batch = make_train_batch(flat, m.engine.pad_id, torch.zeros(len(flat.turns)))
+    target = torch.zeros_like(batch.old_logprobs)
+    m.algo.forward_batch_size = 4  # chunks of different response widths
+    m._fill_logprobs(m.policy, batch, torch.arange(len(batch)), target)
+    mask = batch.response_mask
+    assert (target - batch.behaviour_logprobs).abs()[mask].max() < 1e-4
+    assert (target[~mask] == 0).all()
+
+
+def test_ppo_with_shared_critic_trains_policy_and_value_head():
+    m = _module(algorithm=AlgorithmConfig(estimator="gae", estimator_kwargs={"gamma": 0.9, "lam": 0.95}),
+                critic=CriticConfig(kind="shared", lr=1e-2))
+    assert m.value_head is not None and m.critic is None
+    head0 = _snapshot(m.value_head)
+    pol0 = _snapshot(m.policy)
+    trainer = _fit(m)
+    assert _changed(head0, m.value_head) and _changed(pol0, m.policy)
+    assert "train/value_loss" in trainer.callback_metrics
+    assert "train/explained_variance" in trainer.callback_metrics
+
+
+def test_asymmetric_privileged_critic_has_its_own_optimizer_and_frozen_backbone():
+    m = _module(algorithm=AlgorithmConfig(estimator="gae"),
+                critic=CriticConfig(kind="separate", source="policy", privileged=True, lr=1e-2))
+    assert m.critic is not None and m.value_head is None
+    torch.manual_seed(0)
+    trajs = m.engine.collect([TaskSpec("rspo/Household-v0", "train", 0, 0)], 1)
+    rows = m.critic.input_ids(trajs[0].turns)
+    text = m.tokenizer.decode(rows[0])
+    assert "Full state" in text and "Task:" in text  # the privileged state, not the actor's prompt
+    backbone0 = _snapshot(m.critic.backbone)
+    head0 = _snapshot(m.critic.head)
+    trainer = _fit(m)
+    assert len(trainer.optimizers) == 2
+    assert not _changed(backbone0, m.critic.backbone)
+    assert _changed(head0, m.critic.head)
+
+
+def test_critic_warmup_keeps_the_actor_still():
+    m = _module(algorithm=AlgorithmConfig(estimator="gae", max_grad_norm=0.0),
+                critic=CriticConfig(kind="separate", source="policy", warmup_iterations=5, lr=1e-2))
+    pol0 = _snapshot(m.policy)
+    head0 = _snapshot(m.critic.head)
+    _fit(m, iterations=2)
+    assert not _changed(pol0, m.policy)
+    assert _changed(head0, m.critic.head)
+
+
+def test_group_size_one_with_group_relative_estimator_fails_at_setup():
+    m = _module()
+    dm = AgentDataModule(env=ENV, groups_per_iteration=2, group_size=1, iterations_per_epoch=1, val_splits=[])
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(ValueError, match="group_size"):
+        trainer.fit(m, dm)
