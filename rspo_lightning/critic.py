@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from rspo_lightning.policy import ValueHead, frozen_copy, hidden_size_of, load_policy
-from rspo_lightning.prompts import chat_prompt_ids
+from rspo_lightning.prompts import PRIVILEGED_PREFIX, chat_prompt_ids
 from rspo_lightning.types import Turn
 
 
@@ -96,7 +96,7 @@ class SeparateCritic(nn.Module):
         for t in turns:
             if self.config.privileged:
                 text = t.privileged if t.privileged is not None else t.observation
-                rows.append(chat_prompt_ids(self.tokenizer, f"Full state:\n{text}", None))
+                rows.append(chat_prompt_ids(self.tokenizer, f"{PRIVILEGED_PREFIX}\n{text}", None))
             elif self.same_tokenizer:
                 rows.append(t.prompt_ids.tolist())
             else:

@@ -72,6 +72,7 @@ class AgentRLModule(pl.LightningModule):
         self.iteration = 0
         self.last_trajectories: list[Trajectory] = []
         self.val_metrics = torch.nn.ModuleDict()
+        self.rollout_success = MeanMetric(dist_sync_on_step=True)  # the step value is the all-rank mean
 
     # -- building ------------------------------------------------------------------------
     def _resolve_env(self) -> EnvConfig:
@@ -319,11 +320,11 @@ class AgentRLModule(pl.LightningModule):
                     self.manual_backward(loss * weight)
                     for k, v in st.items():
                         sums[k] = sums.get(k, 0.0) + float(v) * float(weight)
-                if algo.max_grad_norm > 0:
-                    grad_norm = torch.nn.utils.clip_grad_norm_(
-                        [p for g in opt.param_groups for p in g["params"]], algo.max_grad_norm
-                    )
-                    sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
+                grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
+                if grads:
+                    sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+                if algo.max_grad_norm > 0:  # through Lightning, so precision plugins and strategies apply
+                    self.clip_gradients(opt, gradient_clip_val=algo.max_grad_norm, gradient_clip_algorithm="norm")
                 opt.step()
                 if critic_opt is not None:
                     sums["value_loss"] = sums.get("value_loss", 0.0) + self._separate_critic_step(mb, critic_opt)
@@ -377,8 +378,9 @@ class AgentRLModule(pl.LightningModule):
             return
         n = len(trajectories)
         turns = sum(len(t.turns) for t in trajectories)
+        self.rollout_success(torch.tensor([float(t.success) for t in trajectories], device=self.device))
+        self.log(f"{prefix}/success_rate", self.rollout_success, on_step=True, on_epoch=False, batch_size=n)
         values = {
-            f"{prefix}/success_rate": sum(t.success for t in trajectories) / n,
             f"{prefix}/score": sum(t.score for t in trajectories) / n,
             f"{prefix}/episode_len": turns / n,
             f"{prefix}/invalid_rate": sum(t.num_invalid for t in trajectories) / max(turns, 1),
@@ -391,7 +393,7 @@ class AgentRLModule(pl.LightningModule):
             if ty:
                 values[f"{prefix}/success_rate/{ty}"] = sum(s) / len(s)
         self.log_dict(values, on_step=True, batch_size=n)
-        self.log("sr", values[f"{prefix}/success_rate"], prog_bar=True, on_step=True, logger=False)
+        self.log("sr", sum(t.success for t in trajectories) / n, prog_bar=True, on_step=True, logger=False)
 
     # -- validation ----------------------------------------------------------------------
     def _val_metric(self, name: str) -> MeanMetric:

@@ -42,6 +42,7 @@ COMPACT_TEMPLATE_NO_HISTORY = (
 )
 
 SYSTEM_PROMPT = "You are a helpful assistant."
+PRIVILEGED_PREFIX = "Full state:"  # what an asymmetric critic reads before the env's state text
 ACTION_OPEN = "<action>"
 ACTION_CLOSE = "</action>"
 
@@ -116,7 +117,7 @@ def chat_prompt_ids(tokenizer, user_message: str, system_prompt: str | None = SY
 
 def template_texts() -> list[str]:
     """Every fixed string the prompts use (to train a word-level tokenizer on)."""
-    texts = [SYSTEM_PROMPT]
+    texts = [SYSTEM_PROMPT, PRIVILEGED_PREFIX]
     for pair in TEMPLATES.values():
         texts.extend(pair)
     texts.append("- Observation 1: Action 1:")

@@ -34,6 +34,14 @@ def _fit(module, iterations=2):
     return trainer
 
 
+def _start_head_at_one(head):
+    """A zero-initialised head predicts V = 0 = every return when no episode succeeds (no value
+    gradient); start it at V = 1 so the value loss moves it whatever the random policy scores."""
+    with torch.no_grad():
+        head.linear.weight.zero_()
+        head.linear.bias.fill_(1.0)
+
+
 def _snapshot(mod):
     return {k: v.detach().clone() for k, v in mod.state_dict().items()}
 
@@ -60,6 +68,7 @@ def test_ppo_with_shared_critic_trains_policy_and_value_head():
     m = _module(algorithm=AlgorithmConfig(estimator="gae", estimator_kwargs={"gamma": 0.9, "lam": 0.95}),
                 critic=CriticConfig(kind="shared", lr=1e-2))
     assert m.value_head is not None and m.critic is None
+    _start_head_at_one(m.value_head)
     head0 = _snapshot(m.value_head)
     pol0 = _snapshot(m.policy)
     trainer = _fit(m)
@@ -76,8 +85,10 @@ def test_asymmetric_privileged_critic_has_its_own_optimizer_and_frozen_backbone(
     trajs = m.engine.collect([TaskSpec("rspo/Household-v0", "train", 0, 0)], 1)
     rows = m.critic.input_ids(trajs[0].turns)
     text = m.tokenizer.decode(rows[0])
-    assert "Full state" in text and "Task:" in text  # the privileged state, not the actor's prompt
+    assert "Full state" in text and "Task :" in text  # the privileged state, not the actor's prompt
+    assert m.tokenizer.unk_token not in text  # the tiny vocabulary covers the privileged text
     backbone0 = _snapshot(m.critic.backbone)
+    _start_head_at_one(m.critic.head)
     head0 = _snapshot(m.critic.head)
     trainer = _fit(m)
     assert len(trainer.optimizers) == 2
@@ -89,6 +100,7 @@ def test_critic_warmup_keeps_the_actor_still():
     m = _module(algorithm=AlgorithmConfig(estimator="gae", max_grad_norm=0.0),
                 critic=CriticConfig(kind="separate", source="policy", warmup_iterations=5, lr=1e-2))
     pol0 = _snapshot(m.policy)
+    _start_head_at_one(m.critic.head)
     head0 = _snapshot(m.critic.head)
     _fit(m, iterations=2)
     assert not _changed(pol0, m.policy)

@@ -113,6 +113,8 @@ class TextEnv(gymnasium.Env):
                 obs, info = self.reset(options={"split": split, "task_id": task_id})
                 texts.append(obs)
                 texts.append(info["task"])
+                if info.get("privileged"):
+                    texts.append(info["privileged"])  # what an asymmetric critic reads
                 # A hard cap guards against envs whose own max_steps is huge.
                 for _ in range(1000):
                     admissible = info.get("admissible_actions")
@@ -124,6 +126,8 @@ class TextEnv(gymnasium.Env):
                         action = self.expert_action()
                     obs, _, terminated, truncated, info = self.step(action)
                     texts.append(obs)
+                    if info.get("privileged"):
+                        texts.append(info["privileged"])
                     if terminated or truncated:
                         break
         vocabulary = getattr(self, "vocabulary", None)
