@@ -70,6 +70,7 @@ class AgentRLModule(pl.LightningModule):
         self._ref = None  # frozen reference model: not a submodule, so never checkpointed
         self.engine: RolloutEngine | None = None
         self.iteration = 0
+        self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
         self.last_trajectories: list[Trajectory] = []
         self.val_metrics = torch.nn.ModuleDict()
         self.rollout_success = MeanMetric(dist_sync_on_step=True)  # the step value is the all-rank mean
@@ -281,6 +282,7 @@ class AgentRLModule(pl.LightningModule):
             "perf/rollout_tokens_per_s": gen_tokens / max(rollout_s, 1e-9),
             "perf/update_tokens_per_s": trained_tokens / max(update_s, 1e-9),
             "iteration": float(self.iteration),
+            "train/skipped_steps": float(self.skipped_steps),
             "step": float(self.iteration),  # Lightning's x-axis key: curves are plotted per RL iteration
         }, on_step=True)
         self.log("it", float(self.iteration), prog_bar=True, on_step=True, logger=False)
@@ -313,16 +315,25 @@ class AgentRLModule(pl.LightningModule):
                 mb = batch.select(mb_idx)
                 mb_tokens = mb.response_mask.sum().clamp(min=1)
                 micro = algo.micro_batch_size or len(mb)
+                mb_stats: dict[str, float] = {}
                 for s in range(0, len(mb), micro):
                     part = mb.select(torch.arange(s, min(len(mb), s + micro)))
                     loss, st = self._loss(part)
                     weight = (part.response_mask.sum() / mb_tokens) if algo.loss_agg == "token-mean" else len(part) / len(mb)
                     self.manual_backward(loss * weight)
                     for k, v in st.items():
-                        sums[k] = sums.get(k, 0.0) + float(v) * float(weight)
+                        mb_stats[k] = mb_stats.get(k, 0.0) + float(v) * float(weight)
                 grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
-                if grads:
-                    sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+                norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads else torch.zeros(())
+                if not torch.isfinite(norm) or not all(math.isfinite(v) for v in mb_stats.values()):
+                    # A non-finite loss or gradient never reaches the weights: skip this step
+                    # (under DDP the all-reduced gradient makes every rank decide alike).
+                    opt.zero_grad()
+                    self.skipped_steps += 1
+                    continue
+                for k, v in mb_stats.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(norm)
                 if algo.max_grad_norm > 0:  # through Lightning, so precision plugins and strategies apply
                     self.clip_gradients(opt, gradient_clip_val=algo.max_grad_norm, gradient_clip_algorithm="norm")
                 opt.step()
@@ -439,6 +450,8 @@ class AgentRLModule(pl.LightningModule):
     # -- checkpoint ----------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["rspo_iteration"] = self.iteration
+        checkpoint["rspo_skipped_steps"] = self.skipped_steps
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.iteration = int(checkpoint.get("rspo_iteration", 0))
+        self.skipped_steps = int(checkpoint.get("rspo_skipped_steps", 0))

@@ -7,6 +7,7 @@ therefore stays flat however long the episode runs (DESIGN §3).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -124,8 +125,23 @@ def template_texts() -> list[str]:
     return texts
 
 
-def build_turn_prompt(tokenizer, rollout_cfg, info: dict, observation: str, history: Sequence[HistoryEntry], step: int) -> list[int]:
+_TRUNCATION_WARNED = False
+
+
+def build_turn_prompt(
+    tokenizer,
+    rollout_cfg,
+    info: dict,
+    observation: str,
+    history: Sequence[HistoryEntry],
+    step: int,
+    max_tokens: int | None = None,
+) -> list[int]:
     """Prompt token ids of one turn, exactly as the rollout engine builds them.
+
+    When the prompt would exceed ``max_tokens`` it first shows fewer history pairs, then cuts the
+    observation in the middle (" [...] "), with a one-time warning; as a last resort it keeps the
+    last ``max_tokens`` ids (the generation prompt is at the end). Never raises for length.
 
     Args:
         tokenizer: the policy's tokenizer (chat template applied).
@@ -134,17 +150,44 @@ def build_turn_prompt(tokenizer, rollout_cfg, info: dict, observation: str, hist
         observation: the current observation.
         history: every past (observation, action) pair of the episode, oldest first.
         step: number of turns already taken.
+        max_tokens: the most prompt tokens the model can take (context - max_new_tokens); None = no limit.
     """
-    text = render_prompt(
-        rollout_cfg.template,
-        task=str(info.get("task", "")),
-        observation=observation,
-        admissible=info.get("admissible_actions"),
-        history=history,
-        step=step,
-        history_window=rollout_cfg.history_window,
-    )
-    return chat_prompt_ids(tokenizer, text, rollout_cfg.system_prompt or None)
+    global _TRUNCATION_WARNED
+
+    def render(window: int, obs: str) -> list[int]:
+        text = render_prompt(
+            rollout_cfg.template,
+            task=str(info.get("task", "")),
+            observation=obs,
+            admissible=info.get("admissible_actions"),
+            history=history,
+            step=step,
+            history_window=window,
+        )
+        return chat_prompt_ids(tokenizer, text, rollout_cfg.system_prompt or None)
+
+    window = rollout_cfg.history_window
+    ids = render(window, observation)
+    if max_tokens is None or len(ids) <= max_tokens:
+        return ids
+    while window > 0 and len(ids) > max_tokens:
+        window -= 1
+        ids = render(window, observation)
+    if len(ids) <= max_tokens:
+        return ids
+    if not _TRUNCATION_WARNED:
+        _TRUNCATION_WARNED = True
+        warnings.warn(
+            f"a prompt exceeds the model's context ({len(ids)} > {max_tokens} tokens) even without history; "
+            "cutting the observation in the middle (shown once). Raise the context or shorten observations."
+        )
+    obs, mark = observation, " [...] "
+    while len(ids) > max_tokens and obs:
+        # Shrink geometrically (few re-renders even for huge texts) and strictly (always ends).
+        keep = max(0, int(len(obs) * 0.75) - len(mark))
+        obs = obs[: keep // 2] + mark + obs[len(obs) - (keep - keep // 2):] if keep else ""
+        ids = render(0, obs)
+    return ids[-max_tokens:] if len(ids) > max_tokens else ids
 
 
 def action_response_ids(tokenizer, action: str) -> list[int]:

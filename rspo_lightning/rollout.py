@@ -164,6 +164,9 @@ class RolloutEngine:
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
         self.stats = {"generated_tokens": 0, "generate_s": 0.0}
+        context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        # Prompts longer than this are shrunk (history first, then the observation's middle).
+        self.max_prompt_tokens = context - config.max_new_tokens if context else None
 
     # -- environments -------------------------------------------------------------------
     def set_env_kwargs(self, env_kwargs: dict) -> None:
@@ -249,7 +252,10 @@ class RolloutEngine:
     def _play_turn(self, active: list[_Episode], temperature: float, greedy: bool) -> None:
         cfg = self.config
         tok = self.tokenizer
-        prompts = [build_turn_prompt(tok, cfg, ep.info, ep.observation, ep.history, len(ep.traj.turns)) for ep in active]
+        prompts = [
+            build_turn_prompt(tok, cfg, ep.info, ep.observation, ep.history, len(ep.traj.turns), self.max_prompt_tokens)
+            for ep in active
+        ]
         responses, logprobs, allowed = self.generate(
             prompts, temperature, greedy, [ep.info.get("admissible_actions") for ep in active]
         )

@@ -113,3 +113,22 @@ def test_group_size_one_with_group_relative_estimator_fails_at_setup():
     trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     with pytest.raises(ValueError, match="group_size"):
         trainer.fit(m, dm)
+
+
+def test_non_finite_loss_skips_the_step_and_never_touches_the_weights():
+    m = _module()
+    original = m._loss
+    calls = {"n": 0}
+
+    def poisoned(mb):
+        loss, stats = original(mb)
+        calls["n"] += 1
+        return loss * float("nan"), stats  # every minibatch: NaN loss and NaN gradients
+
+    m._loss = poisoned
+    pol0 = _snapshot(m.policy)
+    trainer = _fit(m, iterations=2)
+    assert calls["n"] > 0
+    assert m.skipped_steps >= 2 and not _changed(pol0, m.policy)
+    assert all(torch.isfinite(v).all() for v in m.policy.state_dict().values())
+    assert float(trainer.callback_metrics["train/skipped_steps"]) == m.skipped_steps

@@ -107,3 +107,34 @@ def test_select_trims_shared_padding_without_moving_responses(tiny_policy):
         assert torch.equal(sub.behaviour_logprobs[j][sub.response_mask[j]], turn.behaviour_logprobs)
         assert sub.input_ids[j, sub.value_positions[j]] == turn.prompt_ids[-1]
         assert sub.advantages[j] == i
+
+
+def test_prompt_over_the_context_drops_history_then_cuts_the_observation(tiny_policy):
+    import warnings
+
+    import rspo_lightning.prompts as prompts
+    from rspo_lightning.prompts import HistoryEntry, build_turn_prompt
+
+    _, tok = tiny_policy
+    cfg = RolloutConfig(template="compact", history_window=2, system_prompt="")
+    info = {"task": "put a apple in fridge.", "admissible_actions": ["go to fridge 1", "go to shelf 1"]}
+    history = [HistoryEntry("You arrive at shelf 1.", "go to shelf 1")] * 3
+    obs = "You arrive at fridge 1. " * 10
+    full = build_turn_prompt(tok, cfg, info, obs, history, 3)
+    no_history = build_turn_prompt(tok, RolloutConfig(template="compact", history_window=0, system_prompt=""), info, obs, history, 3)
+    assert len(no_history) < len(full)
+    # a budget that fits without history: the history goes, the observation stays whole
+    assert build_turn_prompt(tok, cfg, info, obs, history, 3, max_tokens=len(no_history)) == no_history
+    # a smaller budget: the observation is cut in the middle, once-only warning, never over budget
+    prompts._TRUNCATION_WARNED = False
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cut = build_turn_prompt(tok, cfg, info, obs, history, 3, max_tokens=len(no_history) - 20)
+        build_turn_prompt(tok, cfg, info, obs * 50, history, 3, max_tokens=len(no_history) - 20)
+    assert len(cut) <= len(no_history) - 20
+    assert tok.decode(cut).count("arrive") < tok.decode(no_history).count("arrive")  # observation cut
+    assert tok.decode(cut).count("Task") == 1 and "Admissible" in tok.decode(cut)  # the rest kept
+    assert tok.convert_ids_to_tokens(cut[-1]) == "<|assistant|>"  # the generation prompt survives
+    assert sum("exceeds the model's context" in str(w.message) for w in caught) == 1
+    # an absurd budget still returns a list that fits, never an index error
+    assert len(build_turn_prompt(tok, cfg, info, obs, history, 3, max_tokens=3)) <= 3
