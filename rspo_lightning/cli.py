@@ -35,7 +35,7 @@ class AgentCLI(LightningCLI):
 def _names_a_class(argv: list[str]) -> bool:
     """True when the command line or a config file picks the model/data class explicitly."""
     for i, arg in enumerate(argv):
-        if arg in ("--model", "--data") or arg.startswith(("--model=", "--data=")):
+        if arg in ("--model", "--data") or arg.startswith(("--model=", "--data=", "--model.help", "--data.help")):
             return True
         if arg in ("--config", "-c") and i + 1 < len(argv):
             try:

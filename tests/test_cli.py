@@ -108,3 +108,7 @@ def test_naming_another_class_switches_to_subclass_mode(tmp_path):
     assert _names_a_class(["fit", "--model", "rspo_lightning.sft.SFTModule"])
     assert _names_a_class(["fit", "--data=rspo_lightning.datamodules.TrajectoryDataModule"])
     assert not _names_a_class(["fit", "--config", str(tmp_path / "missing.yaml")])
+    import rspo_lightning
+    from rspo_lightning.sft import SFTModule
+
+    assert rspo_lightning.SFTModule is SFTModule  # `--model rspo_lightning.SFTModule` resolves
