@@ -75,6 +75,22 @@ def flatten(trajectories: Sequence[Trajectory], reward_mode: str = "outcome") ->
     )
 
 
+def left_pad(rows: Sequence[Sequence[int] | torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token-id rows into ``input_ids`` and ``attention_mask`` ``[n, width]``."""
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        input_ids[i, width - len(r):] = torch.as_tensor(r, dtype=torch.long)
+        attention[i, width - len(r):] = 1
+    return input_ids, attention
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of left-padded rows: 0 at each row's first real token (as ``generate`` uses)."""
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
 def pad_turns(turns: Sequence[Turn], pad_id: int) -> dict[str, torch.Tensor]:
     """Left-pad prompt+response so every response ends at the last column.
 
@@ -84,11 +100,9 @@ def pad_turns(turns: Sequence[Turn], pad_id: int) -> dict[str, torch.Tensor]:
     ``value_positions`` ``[N]`` (the last prompt token).
     """
     n = len(turns)
-    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in turns]
-    width = max(lengths)
+    input_ids, attention = left_pad([torch.cat([t.prompt_ids, t.response_ids]) for t in turns], pad_id)
+    width = input_ids.shape[1]
     window = max(len(t.response_ids) for t in turns)
-    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((n, width), dtype=torch.long)
     response_mask = torch.zeros((n, window), dtype=torch.bool)
     behaviour = torch.zeros((n, window), dtype=torch.float32)
     value_positions = torch.zeros(n, dtype=torch.long)
@@ -97,9 +111,6 @@ def pad_turns(turns: Sequence[Turn], pad_id: int) -> dict[str, torch.Tensor]:
     allowed = torch.full((n, window, k), -1, dtype=torch.long) if constrained else None
     for i, t in enumerate(turns):
         r = len(t.response_ids)
-        seq = torch.cat([t.prompt_ids, t.response_ids])
-        input_ids[i, width - len(seq):] = seq
-        attention[i, width - len(seq):] = 1
         response_mask[i, window - r:] = True
         behaviour[i, window - r:] = t.behaviour_logprobs
         value_positions[i] = width - r - 1
@@ -117,14 +128,9 @@ def pad_turns(turns: Sequence[Turn], pad_id: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def make_train_batch(
-    flat: FlatTurns,
-    pad_id: int,
-    advantages: torch.Tensor,
-    returns: torch.Tensor | None = None,
-    clip_eps: torch.Tensor | None = None,
-) -> TrainBatch:
-    """Assemble the TrainBatch; ``old_logprobs`` start as the behaviour log-probs (scored later)."""
+def make_train_batch(flat: FlatTurns, pad_id: int, advantages: torch.Tensor) -> TrainBatch:
+    """Assemble the TrainBatch; ``old_logprobs`` start as the behaviour log-probs (scored later);
+    returns are zeros and clip multipliers ones until an estimator sets them."""
     padded = pad_turns(flat.turns, pad_id)
     n = len(flat.turns)
     return TrainBatch(
@@ -134,8 +140,8 @@ def make_train_batch(
         behaviour_logprobs=padded["behaviour_logprobs"],
         old_logprobs=padded["behaviour_logprobs"].clone(),
         advantages=advantages.float(),
-        returns=returns.float() if returns is not None else torch.zeros(n),
-        clip_eps=clip_eps.float() if clip_eps is not None else torch.ones(n),
+        returns=torch.zeros(n),
+        clip_eps=torch.ones(n),
         is_replay=flat.is_replay,
         value_positions=padded["value_positions"],
         allowed_ids=padded.get("allowed_ids"),

@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from rspo_lightning.batching import left_pad, positions_from_mask
 from rspo_lightning.policy import ValueHead, frozen_copy, hidden_size_of, load_policy
 from rspo_lightning.prompts import PRIVILEGED_PREFIX, chat_prompt_ids
 from rspo_lightning.types import Turn
@@ -59,7 +60,7 @@ class CriticConfig:
 
 def last_token_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Final-layer hidden state ``[n, H]`` at ``positions`` of left-padded rows."""
-    pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    pos = positions_from_mask(attention_mask)
     backbone = model.get_decoder() if hasattr(model, "get_decoder") else model
     out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
@@ -106,13 +107,8 @@ class SeparateCritic(nn.Module):
 
     def forward(self, rows: list[list[int]], device: torch.device) -> torch.Tensor:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        attn = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-            attn[i, width - len(r):] = 1
-        positions = torch.full((len(rows),), width - 1, dtype=torch.long)
+        ids, attn = left_pad(rows, pad)
+        positions = torch.full((len(rows),), ids.shape[1] - 1, dtype=torch.long)
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.config.freeze_backbone):
             hidden = last_token_hidden(self.backbone, ids.to(device), attn.to(device), positions)
         return self.head(hidden.float())

@@ -17,7 +17,7 @@ from torchmetrics import MeanMetric
 
 from rspo_lightning import advantages as adv
 from rspo_lightning import losses
-from rspo_lightning.batching import FlatTurns, flatten, make_train_batch
+from rspo_lightning.batching import FlatTurns, flatten, make_train_batch, positions_from_mask
 from rspo_lightning.config import GROUP_RELATIVE, AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.critic import CriticConfig, SeparateCritic, last_token_hidden
 from rspo_lightning.envs import make_env
@@ -154,7 +154,7 @@ class AgentRLModule(pl.LightningModule):
         ids = batch.input_ids.to(self.device)
         attn = batch.attention_mask.to(self.device)
         window = batch.response_mask.shape[1]
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        pos = positions_from_mask(attn)
         out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=window + 1, use_cache=False,
                     output_hidden_states=with_values)
         values = None

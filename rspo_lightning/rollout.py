@@ -10,6 +10,7 @@ training forward reproduces them (tests/test_rollout.py checks 1e-4).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -17,6 +18,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 
+from rspo_lightning.batching import left_pad
 from rspo_lightning.envs import make_env
 from rspo_lightning.parsing import parse_response
 from rspo_lightning.prompts import ACTION_CLOSE, HistoryEntry, action_response_ids, build_turn_prompt
@@ -298,17 +300,11 @@ class RolloutEngine:
         admissible: list[Sequence[str] | None] | None = None,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
         """One batched generate; returns per row (response ids [R], log-probs [R], allowed [R, K])."""
-        import time
-
         cfg = self.config
         device = next(self.model.parameters()).device
         batch = len(prompts)
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((batch, width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            attention[i, width - len(p):] = 1
+        input_ids, attention = left_pad(prompts, self.pad_id)
+        width = input_ids.shape[1]
         recorder = StopRecorder(self.tokenizer, batch, width, self.eos_ids)
         processors = LogitsProcessorList()
         constraint = None
