@@ -23,6 +23,7 @@ from rspo_lightning.critic import CriticConfig, SeparateCritic, last_token_hidde
 from rspo_lightning.envs import make_env
 from rspo_lightning.policy import ValueHead, frozen_copy, hidden_size_of, load_policy, response_token_logprobs
 from rspo_lightning.prompts import template_texts
+from rspo_lightning.rewards import DenseReward, assign_dense_rewards
 from rspo_lightning.rollout import RolloutConfig, RolloutEngine
 from rspo_lightning.types import IterationBatch, Trajectory, TrainBatch
 
@@ -37,6 +38,8 @@ class AgentRLModule(pl.LightningModule):
         rollout: generation and prompting settings of training rollouts.
         critic: the value function (built only for ``algorithm.estimator: gae``).
         env: environment config; None = take it from the datamodule (``data.env``).
+        dense_reward: per-turn dense reward source (e.g. ``rspo_lightning.rewards.EnvProgressReward``);
+            needed by A²TGPO (its per-turn signal) and by ``reward_mode: dense`` (RSPO's explorer).
         val_temperature: sampling temperature of validation episodes (verl-agent uses 0.4).
         val_greedy: also run greedy validation, logged as ``val/greedy_success_rate``.
         seed: seed of rollout sampling (tasks come from the datamodule's seed).
@@ -50,6 +53,7 @@ class AgentRLModule(pl.LightningModule):
         rollout: RolloutConfig = RolloutConfig(),
         critic: CriticConfig = CriticConfig(),
         env: EnvConfig | None = None,
+        dense_reward: DenseReward | None = None,
         val_temperature: float = 0.4,
         val_greedy: bool = False,
         seed: int = 0,
@@ -59,6 +63,12 @@ class AgentRLModule(pl.LightningModule):
         self.policy_cfg, self.algo, self.optim_cfg, self.rollout_cfg = policy, algorithm, optim, rollout
         self.env_cfg = env
         self.critic_cfg = critic
+        self.dense_reward = dense_reward
+        if algorithm.estimator == "a2tgpo" and dense_reward is None:
+            raise ValueError(
+                "algorithm.estimator: a2tgpo needs a per-turn signal: set model.dense_reward, e.g. "
+                "{class_path: rspo_lightning.rewards.EnvProgressReward}"
+            )
         self.val_temperature = val_temperature
         self.val_greedy = val_greedy
         self.seed = seed
@@ -71,6 +81,7 @@ class AgentRLModule(pl.LightningModule):
         self.engine: RolloutEngine | None = None
         self.iteration = 0
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
+        self.env_steps = 0  # environment steps of training rollouts so far, all ranks together
         self.last_trajectories: list[Trajectory] = []
         self.val_metrics = torch.nn.ModuleDict()
         self.rollout_success = MeanMetric(dist_sync_on_step=True)  # the step value is the all-rank mean
@@ -239,7 +250,10 @@ class AgentRLModule(pl.LightningModule):
         t0 = time.perf_counter()
         gen_tokens0 = self.engine.stats["generated_tokens"]
         trajectories = self.engine.collect(batch.tasks, batch.group_size, iteration=self.iteration)
+        if self.dense_reward is not None:
+            assign_dense_rewards(self.dense_reward, trajectories)
         rollout_s = time.perf_counter() - t0
+        self.env_steps += self._all_ranks_sum(sum(len(t.turns) for t in trajectories))
         gen_tokens = self.engine.stats["generated_tokens"] - gen_tokens0
         self.last_trajectories = trajectories
         replay = [t for group in batch.replay for t in group]
@@ -253,7 +267,9 @@ class AgentRLModule(pl.LightningModule):
             if self.critic is not None:
                 train_batch.critic_rows = self.critic.input_ids(flat.turns)
             values = train_batch.old_values = self.critic_values(train_batch)
+        t_adv = time.perf_counter()
         advantages, clip_eps, returns = self.compute_advantages(flat, values)
+        advantage_s = time.perf_counter() - t_adv
         train_batch.advantages = advantages.float()
         if clip_eps is not None:
             train_batch.clip_eps = clip_eps.float()
@@ -279,6 +295,8 @@ class AgentRLModule(pl.LightningModule):
             "train/lr": self._optimizers()[0].param_groups[0]["lr"],
             "perf/rollout_s": rollout_s,
             "perf/update_s": update_s,
+            "perf/advantage_s": advantage_s,
+            "rollout/env_steps": float(self.env_steps),
             "perf/rollout_tokens_per_s": gen_tokens / max(rollout_s, 1e-9),
             "perf/update_tokens_per_s": trained_tokens / max(update_s, 1e-9),
             "iteration": float(self.iteration),
@@ -286,6 +304,13 @@ class AgentRLModule(pl.LightningModule):
             "step": float(self.iteration),  # Lightning's x-axis key: curves are plotted per RL iteration
         }, on_step=True)
         self.log("it", float(self.iteration), prog_bar=True, on_step=True, logger=False)
+
+    def _all_ranks_sum(self, value: int) -> int:
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            t = torch.tensor([value], device=self.device)
+            dist.all_reduce(t)
+            return int(t.item())
+        return value
 
     def _num_minibatches(self, n: int) -> int:
         m = max(1, math.ceil(n / self.algo.minibatch_size))
@@ -395,7 +420,8 @@ class AgentRLModule(pl.LightningModule):
             f"{prefix}/score": sum(t.score for t in trajectories) / n,
             f"{prefix}/episode_len": turns / n,
             f"{prefix}/invalid_rate": sum(t.num_invalid for t in trajectories) / max(turns, 1),
-            f"{prefix}/dense_return": sum(t.turns[-1].progress if t.turns else 0.0 for t in trajectories) / n,
+            f"{prefix}/dense_return": sum(turn.dense_reward for t in trajectories for turn in t.turns) / n,
+            f"{prefix}/progress": sum(t.turns[-1].progress if t.turns else t.initial_progress for t in trajectories) / n,
         }
         by_type: dict[str, list[bool]] = {}
         for t in trajectories:
@@ -451,7 +477,13 @@ class AgentRLModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["rspo_iteration"] = self.iteration
         checkpoint["rspo_skipped_steps"] = self.skipped_steps
+        checkpoint["rspo_env_steps"] = self.env_steps
+        if hasattr(self.dense_reward, "state_dict"):
+            checkpoint["rspo_dense_reward"] = self.dense_reward.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.iteration = int(checkpoint.get("rspo_iteration", 0))
         self.skipped_steps = int(checkpoint.get("rspo_skipped_steps", 0))
+        self.env_steps = int(checkpoint.get("rspo_env_steps", 0))
+        if "rspo_dense_reward" in checkpoint and hasattr(self.dense_reward, "load_state_dict"):
+            self.dense_reward.load_state_dict(checkpoint["rspo_dense_reward"])

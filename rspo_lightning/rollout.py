@@ -226,7 +226,8 @@ class RolloutEngine:
             for _ in range(group_size):
                 env = next(pools[task.env_id])
                 obs, info = env.reset(options={"split": task.split, "task_id": task.task_id})
-                traj = Trajectory(task=task, task_type=str(info.get("task_type", "")), policy_tag=policy_tag, iteration=iteration)
+                traj = Trajectory(task=task, task_type=str(info.get("task_type", "")), policy_tag=policy_tag, iteration=iteration,
+                                  initial_progress=float(info.get("progress", 0.0)))
                 episodes.append(_Episode(task, env, traj, obs, info, []))
 
         was_training = self.model.training

@@ -184,7 +184,8 @@ def expert_demonstrations(
     for task_id in task_ids:
         task = TaskSpec(env_id, split, int(task_id), group_id=int(task_id))
         obs, info = env.reset(options={"split": split, "task_id": int(task_id)})
-        traj = Trajectory(task=task, task_type=str(info.get("task_type", "")))
+        traj = Trajectory(task=task, task_type=str(info.get("task_type", "")),
+                          initial_progress=float(info.get("progress", 0.0)))
         history: list[HistoryEntry] = []
         while len(traj.turns) < max_turns:
             prompt = build_turn_prompt(tokenizer, rollout, info, obs, history, len(traj.turns))

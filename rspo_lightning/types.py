@@ -86,6 +86,7 @@ class Trajectory:
         policy_tag: ``"A"`` (outcome learner) or ``"B"`` (dense explorer) played it.
         iteration: the RL iteration in which it was played.
         truncated: the episode hit ``max_steps`` without terminating.
+        initial_progress: the environment's ``progress`` right after reset (dense-reward origin).
     """
 
     task: TaskSpec
@@ -97,6 +98,7 @@ class Trajectory:
     policy_tag: PolicyTag = "A"
     iteration: int = 0
     truncated: bool = False
+    initial_progress: float = 0.0
 
     @property
     def outcome_return(self) -> float:

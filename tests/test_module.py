@@ -26,8 +26,8 @@ def _module(**kw):
     return m
 
 
-def _fit(module, iterations=2):
-    dm = AgentDataModule(env=ENV, groups_per_iteration=2, group_size=2, iterations_per_epoch=iterations, val_splits=[])
+def _fit(module, iterations=2, groups=2):
+    dm = AgentDataModule(env=ENV, groups_per_iteration=groups, group_size=2, iterations_per_epoch=iterations, val_splits=[])
     trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, num_sanity_val_steps=0,
                          limit_val_batches=0, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, dm)
@@ -132,3 +132,48 @@ def test_non_finite_loss_skips_the_step_and_never_touches_the_weights():
     assert m.skipped_steps >= 2 and not _changed(pol0, m.policy)
     assert all(torch.isfinite(v).all() for v in m.policy.state_dict().values())
     assert float(trainer.callback_metrics["train/skipped_steps"]) == m.skipped_steps
+
+
+def test_a2tgpo_needs_a_dense_reward_and_gets_progress_signals():
+    with pytest.raises(ValueError, match="a2tgpo needs a per-turn signal.*EnvProgressReward"):
+        AgentRLModule(policy=PolicyConfig(tiny=TINY), env=ENV, algorithm=AlgorithmConfig(estimator="a2tgpo"))
+    from rspo_lightning.rewards import EnvProgressReward
+
+    m = _module(algorithm=AlgorithmConfig(estimator="a2tgpo"), dense_reward=EnvProgressReward(),
+                rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt=""))
+    seen = {}
+    original = m.compute_advantages
+
+    def spy(flat, values=None):
+        seen["dense"] = flat.dense.clone()
+        return original(flat, values)
+
+    m.compute_advantages = spy
+    torch.manual_seed(0)
+    _fit(m, iterations=1, groups=16)
+    # each turn's signal is its progress delta (progress starts at 0 in pick-and-place)
+    expected = []
+    for traj in m.last_trajectories:
+        prev = 0.0
+        for turn in traj.turns:
+            expected.append(turn.progress - prev)
+            prev = turn.progress
+    assert any(e != 0 for e in expected), "no progress at all in this rollout: the check would be vacuous"
+    assert torch.allclose(seen["dense"], torch.tensor(expected))
+    assert m.env_steps == len(expected)
+
+
+def test_env_step_budget_stops_the_fit():
+    from rspo_lightning.callbacks import EnvStepBudget
+
+    m = _module()
+    dm = AgentDataModule(env=ENV, groups_per_iteration=2, group_size=2, iterations_per_epoch=50, val_splits=[])
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, num_sanity_val_steps=0,
+                         limit_val_batches=0, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[EnvStepBudget(max_env_steps=20)])
+    trainer.fit(m, dm)
+    # 4 episodes of <= 4 steps per iteration: at most 16 steps each, so 2..5 iterations reach 20
+    assert m.env_steps >= 20 and m.env_steps - 16 < 20
+    assert 2 <= m.iteration <= 5
+    with pytest.raises(ValueError, match="max_env_steps"):
+        EnvStepBudget(0)
