@@ -5,7 +5,7 @@ from rspo_lightning.types import IterationBatch, TaskSpec, TrainBatch, Trajector
 
 __version__ = "0.1.0"
 
-__all__ = ["AgentRLModule", "AgentDataModule", "SFTModule", "TaskSpec", "Turn", "Trajectory", "TrainBatch", "IterationBatch"]
+__all__ = ["AgentRLModule", "AgentDataModule", "SFTModule", "ProcessRewardModule", "TaskSpec", "Turn", "Trajectory", "TrainBatch", "IterationBatch"]
 
 
 def __getattr__(name):  # lazy: importing the package must not import Lightning/transformers
@@ -17,6 +17,10 @@ def __getattr__(name):  # lazy: importing the package must not import Lightning/
         from rspo_lightning.sft import SFTModule
 
         return SFTModule
+    if name == "ProcessRewardModule":
+        from rspo_lightning.prm import ProcessRewardModule
+
+        return ProcessRewardModule
     if name == "AgentDataModule":
         from rspo_lightning.datamodules import AgentDataModule
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from rspo_lightning.policy import TinyModelConfig
 
 GROUP_RELATIVE = {"grpo", "rloo", "gigpo", "proxmo", "a2tgpo"}
@@ -151,3 +153,8 @@ class OptimConfig:
         if self.decay == "linear":
             return 1.0 - (1.0 - self.min_lr_ratio) * frac
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * frac))
+
+
+# Checkpoints hold these dataclasses as hyper-parameters: allow-listed so that checkpoints load
+# with torch.load(weights_only=True) (never a context manager: leaving one removes the entries).
+torch.serialization.add_safe_globals([EnvConfig, PolicyConfig, AlgorithmConfig, OptimConfig, TinyModelConfig])

@@ -58,6 +58,9 @@ class CriticConfig:
             raise ValueError(f"critic.warmup_iterations must be >= 0, got {self.warmup_iterations}")
 
 
+torch.serialization.add_safe_globals([CriticConfig])  # a checkpoint hyper-parameter (weights_only loads)
+
+
 def last_token_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Final-layer hidden state ``[n, H]`` at ``positions`` of left-padded rows."""
     pos = positions_from_mask(attention_mask)

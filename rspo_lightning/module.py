@@ -6,6 +6,7 @@ rollout -> reward -> score (old/ref log-probs) -> advantage -> ppo_epochs x mini
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from typing import Any
@@ -59,7 +60,9 @@ class AgentRLModule(pl.LightningModule):
         seed: int = 0,
     ):
         super().__init__()
-        self.save_hyperparameters()
+        # The dense source is an object (possibly a model): kept out of the checkpoint's
+        # hyper-parameters, which hold only the config dataclasses allow-listed for weights_only loads.
+        self.save_hyperparameters(ignore=["dense_reward"])
         self.policy_cfg, self.algo, self.optim_cfg, self.rollout_cfg = policy, algorithm, optim, rollout
         self.env_cfg = env
         self.critic_cfg = critic
@@ -85,6 +88,7 @@ class AgentRLModule(pl.LightningModule):
         self.last_trajectories: list[Trajectory] = []
         self.val_metrics = torch.nn.ModuleDict()
         self.rollout_success = MeanMetric(dist_sync_on_step=True)  # the step value is the all-rank mean
+        self.rollout_success_b = MeanMetric(dist_sync_on_step=True)  # RSPO's explorer B
 
     # -- building ------------------------------------------------------------------------
     def _resolve_env(self) -> EnvConfig:
@@ -131,6 +135,9 @@ class AgentRLModule(pl.LightningModule):
                 f"data.group_size must be >= 2 for the group-relative estimator {self.algo.estimator!r}, got {group_size}; "
                 "raise data.group_size or use algorithm.estimator: gae"
             )
+        if getattr(dm, "reward_mode", "outcome") == "dense" and self.dense_reward is None:
+            raise ValueError("data.reward_mode: dense needs a dense reward source: set model.dense_reward, "
+                             "e.g. {class_path: rspo_lightning.rewards.EnvProgressReward}")
 
     def on_fit_start(self) -> None:
         if self._ref is not None:
@@ -246,14 +253,67 @@ class AgentRLModule(pl.LightningModule):
         return torch.cat(out)
 
     # -- the iteration -------------------------------------------------------------------
+    def _seed_rollout(self, purpose: str) -> None:
+        """Seed the sampling RNG from (seed, iteration, purpose, rank): a resumed run replays the
+        same samples as an uninterrupted one, whatever ran before."""
+        code = sum(ord(c) * 31 ** i for i, c in enumerate(purpose)) % 1_000_003
+        torch.manual_seed(((self.seed * 1_000_003 + self.iteration) * 1_000_003 * 64 + code * 64 + self.global_rank) % (2**63 - 1))
+
+    def collect(self, tasks: list, group_size: int, policy_tag: str = "A", purpose: str = "train",
+                dense: bool = False) -> list[Trajectory]:
+        """Play ``group_size`` episodes of every task with the current weights (the RSPO protocol).
+
+        With ``dense`` the dense source scores every turn (``turn.dense_reward``); the episodes'
+        environment steps are added to ``env_steps`` (all ranks).
+        """
+        self._seed_rollout(f"{purpose}/{policy_tag}")
+        trajectories = self.engine.collect(tasks, group_size, iteration=self.iteration, policy_tag=policy_tag)
+        if dense:
+            if self.dense_reward is None:
+                raise ValueError("reward_mode 'dense' needs a dense reward source: set model.dense_reward, "
+                                 "e.g. {class_path: rspo_lightning.rewards.EnvProgressReward}")
+            assign_dense_rewards(self.dense_reward, trajectories)
+        self.env_steps += self._all_ranks_sum(sum(len(t.turns) for t in trajectories))
+        return trajectories
+
+    def snapshot_trainable(self) -> dict:
+        """Copies of every trainable parameter, the optimizers' and the schedulers' states (RSPO
+        keeps agent A here while B trains; restored bitwise by ``restore_trainable``)."""
+        scheds = self.lr_schedulers() if self._trainer is not None else None
+        scheds = [] if scheds is None else (scheds if isinstance(scheds, list) else [scheds])
+        return {
+            "params": {n: p.detach().clone() for n, p in self.named_parameters() if p.requires_grad},
+            "optimizers": [copy.deepcopy(getattr(o, "optimizer", o).state_dict()) for o in self._optimizers()],
+            "schedulers": [copy.deepcopy(s.state_dict()) for s in scheds],
+        }
+
+    @torch.no_grad()
+    def restore_trainable(self, snapshot: dict) -> None:
+        params = dict(self.named_parameters())
+        missing = set(snapshot["params"]) - set(params)
+        if missing:
+            raise ValueError(f"snapshot has parameters this module lacks: {sorted(missing)[:5]}")
+        for name, value in snapshot["params"].items():
+            params[name].copy_(value)
+        for opt, state in zip(self._optimizers(), snapshot["optimizers"]):
+            # the wrapped torch optimizer: LightningOptimizer.load_state_dict does not drop state
+            # that the snapshot lacks (e.g. Adam moments created after an empty snapshot)
+            getattr(opt, "optimizer", opt).load_state_dict(copy.deepcopy(state))
+        scheds = self.lr_schedulers()
+        scheds = [] if scheds is None else (scheds if isinstance(scheds, list) else [scheds])
+        for sched, state in zip(scheds, snapshot["schedulers"]):
+            sched.load_state_dict(copy.deepcopy(state))
+
     def training_step(self, batch: IterationBatch, batch_idx: int) -> None:
+        if not batch.tasks and not batch.replay:  # nothing to play or train (e.g. RSPO's collect iteration)
+            self.iteration += 1
+            self.log("step", float(self.iteration), on_step=True)
+            return
         t0 = time.perf_counter()
         gen_tokens0 = self.engine.stats["generated_tokens"]
-        trajectories = self.engine.collect(batch.tasks, batch.group_size, iteration=self.iteration)
-        if self.dense_reward is not None:
-            assign_dense_rewards(self.dense_reward, trajectories)
+        dense = batch.reward_mode == "dense" or self.algo.estimator == "a2tgpo"
+        trajectories = self.collect(batch.tasks, batch.group_size, policy_tag=batch.policy_tag, dense=dense)
         rollout_s = time.perf_counter() - t0
-        self.env_steps += self._all_ranks_sum(sum(len(t.turns) for t in trajectories))
         gen_tokens = self.engine.stats["generated_tokens"] - gen_tokens0
         self.last_trajectories = trajectories
         replay = [t for group in batch.replay for t in group]
@@ -287,7 +347,7 @@ class AgentRLModule(pl.LightningModule):
         trained_tokens = int(train_batch.attention_mask.sum()) * self.algo.ppo_epochs
 
         self.iteration += 1
-        self._log_rollout(trajectories, prefix="rollout")
+        self._log_rollout(trajectories, prefix="rollout" if batch.policy_tag == "A" else "rollout_b")
         for k, v in stats.items():
             self.log(f"train/{k}", v, on_step=True, prog_bar=k == "policy_loss")
         self.log_dict({
@@ -414,8 +474,9 @@ class AgentRLModule(pl.LightningModule):
             return
         n = len(trajectories)
         turns = sum(len(t.turns) for t in trajectories)
-        self.rollout_success(torch.tensor([float(t.success) for t in trajectories], device=self.device))
-        self.log(f"{prefix}/success_rate", self.rollout_success, on_step=True, on_epoch=False, batch_size=n)
+        metric = self.rollout_success if prefix == "rollout" else self.rollout_success_b
+        metric(torch.tensor([float(t.success) for t in trajectories], device=self.device))
+        self.log(f"{prefix}/success_rate", metric, on_step=True, on_epoch=False, batch_size=n)
         values = {
             f"{prefix}/score": sum(t.score for t in trajectories) / n,
             f"{prefix}/episode_len": turns / n,
@@ -444,6 +505,7 @@ class AgentRLModule(pl.LightningModule):
         prefix = "val" if split == "valid_seen" else f"val_{split.removeprefix('valid_')}"
         runs = [("", False)] + ([("greedy_", True)] if self.val_greedy else [])
         for tag, greedy in runs:
+            self._seed_rollout(f"{prefix}/{tag}{batch_idx}")
             trajs = self.engine.collect(batch.tasks, 1, temperature=self.val_temperature, greedy=greedy, iteration=self.iteration)
             for t in trajs:
                 self._val_metric(f"{prefix}/{tag}success_rate").update(float(t.success))

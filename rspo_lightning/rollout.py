@@ -70,6 +70,9 @@ class RolloutConfig:
             raise ValueError(f"rollout.max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
+torch.serialization.add_safe_globals([RolloutConfig])  # a checkpoint hyper-parameter (weights_only loads)
+
+
 class ActionTrie:
     """Prefix trie over token-id sequences; ``children(prefix)`` lists the allowed next ids."""
 

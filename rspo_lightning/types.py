@@ -119,12 +119,15 @@ class IterationBatch:
         group_size: episodes played per task spec (G).
         replay: trajectory groups sampled from a replay buffer (each inner list is one group).
         reward_mode: which reward the turns carry for the advantage: ``"outcome"`` or ``"dense"``.
+        policy_tag: which agent the current weights are (``"A"`` outcome learner, ``"B"`` RSPO's
+            dense explorer); recorded in the trajectories played.
     """
 
     tasks: list[TaskSpec]
     group_size: int = 1
     replay: list[list[Trajectory]] = field(default_factory=list)
     reward_mode: RewardMode = "outcome"
+    policy_tag: PolicyTag = "A"
 
 
 @dataclass

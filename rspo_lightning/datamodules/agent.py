@@ -1,7 +1,9 @@
 """AgentDataModule: streams *what to play* (task specs, sharded by rank) and *what to replay*.
 
 Rollouts are generated in the module's ``training_step`` (never in a DataLoader): this module
-only says which tasks to play each iteration. Task ids of iteration ``n`` are a pure function of
+only says which tasks to play each iteration. Each ``IterationBatch`` is mutable: RSPOLoop
+replaces a fraction of its groups with replay groups and sets the phase's reward mode when the
+iteration starts (not when the batch is prefetched, so the buffer is always current). Task ids of iteration ``n`` are a pure function of
 ``(seed, n)``, so a resumed run plays the same tasks as an uninterrupted one.
 """
 
@@ -9,14 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Callable, Iterator
+from typing import Iterator
 
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader, IterableDataset
 
 from rspo_lightning.config import EnvConfig
 from rspo_lightning.envs import make_env
-from rspo_lightning.types import IterationBatch, TaskSpec, Trajectory
+from rspo_lightning.types import IterationBatch, TaskSpec
 
 
 def _identity(x):
@@ -68,6 +70,9 @@ class AgentDataModule(pl.LightningDataModule):
         num_val_tasks: tasks per validation split (capped by the split size; None = all).
         val_groups_per_batch: validation tasks per ``validation_step`` (one batched rollout).
         seed: seed of task sampling.
+        reward_mode: reward of the advantage: ``outcome`` (default) or ``dense`` (outcome + the
+            module's dense reward; with ``success_reward: 0`` in the env this trains on the dense
+            reward alone — the reward-hacking check). RSPOLoop overrides it per phase.
     """
 
     def __init__(
@@ -81,8 +86,12 @@ class AgentDataModule(pl.LightningDataModule):
         num_val_tasks: int | None = 64,
         val_groups_per_batch: int = 64,
         seed: int = 0,
+        reward_mode: str = "outcome",
     ):
         super().__init__()
+        if reward_mode not in ("outcome", "dense"):
+            raise ValueError(f"data.reward_mode must be 'outcome' or 'dense', got {reward_mode!r}")
+        self.reward_mode = reward_mode
         if groups_per_iteration < 1:
             raise ValueError(f"data.groups_per_iteration must be >= 1, got {groups_per_iteration}")
         if group_size < 1:
@@ -99,8 +108,6 @@ class AgentDataModule(pl.LightningDataModule):
         self.val_groups_per_batch = val_groups_per_batch
         self.seed = seed
         self._num_tasks: dict[str, int] = {}
-        # Set by an RSPO-style callback: returns (replay groups, reward_mode) for an iteration.
-        self.replay_source: Callable[[int], tuple[list[list[Trajectory]], str]] | None = None
         self._probe_env()
 
     def _probe_env(self) -> None:
@@ -140,8 +147,8 @@ class AgentDataModule(pl.LightningDataModule):
         """This rank's IterationBatch for iteration ``n`` (groups never split across ranks)."""
         rank, world = self._rank_world()
         tasks = self.iteration_tasks(n)[rank::world]
-        replay, mode = self.replay_source(n) if self.replay_source is not None else ([], "outcome")
-        return IterationBatch(tasks=tasks, group_size=self.group_size, replay=replay, reward_mode=mode)
+        # RSPOLoop turns some groups into replay groups and sets the reward mode per phase.
+        return IterationBatch(tasks=tasks, group_size=self.group_size, reward_mode=self.reward_mode)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_TaskStream(self), batch_size=None, collate_fn=_identity)

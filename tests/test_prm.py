@@ -1,0 +1,256 @@
+"""SPA-RL process reward model: packing, loss, read positions, training, the dense reward."""
+
+from __future__ import annotations
+
+import os
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from rspo_lightning.config import OptimConfig, PolicyConfig
+from rspo_lightning.prm import (
+    ProcessRewardModelReward,
+    ProcessRewardModule,
+    TrajectoryEpisodeDataModule,
+    pack_episode,
+    prm_loss,
+)
+from rspo_lightning.rewards import DenseReward, assign_dense_rewards
+from rspo_lightning.trajectory_io import save_trajectories
+from rspo_lightning.types import TaskSpec, Trajectory, Turn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tiny_policy, tmp_path_factory):
+    """The session's tiny policy saved as a Hugging Face directory (a PRM backbone source)."""
+    model, tok = tiny_policy
+    d = str(tmp_path_factory.mktemp("prm_backbone"))
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def make_module(policy_dir, **kw) -> ProcessRewardModule:
+    module = ProcessRewardModule(policy=PolicyConfig(source=policy_dir), **kw)
+    module.configure_model()
+    return module
+
+
+def turn(prompt, response, observation="", valid=True, outcome=0.0):
+    return Turn(prompt_ids=torch.tensor(prompt, dtype=torch.long), response_ids=torch.tensor(response, dtype=torch.long),
+                behaviour_logprobs=torch.zeros(len(response)), action="a", valid=valid, observation=observation, anchor="",
+                outcome_reward=outcome)
+
+
+def traj(turns, score=0.0, task_id=0):
+    return Trajectory(task=TaskSpec("rspo/Household-v0", "train", task_id), turns=turns, score=score, success=score > 0)
+
+
+def set_constant_head(module, value):
+    """Last head layer: weight 0, bias ``value`` -> c_t = value for every turn (both head kinds)."""
+    last = module.head.net[-1]
+    with torch.no_grad():
+        last.weight.zero_()
+        last.bias.fill_(value)
+
+
+# --------------------------------------------------------------------------- pure pieces
+
+
+def test_pack_episode_layout_reads_and_trimming():
+    segs = [([5, 6, 7], [9, 10]), ([20, 21], [12])]
+    ids, reads = pack_episode(segs, max_length=100)
+    assert ids == [5, 6, 7, 9, 10, 20, 21, 12] and reads == [4, 7]
+    # 6 tokens: responses take 3, contexts (3, 2 tokens) share 3: common cap 1 leaves one spare
+    # token, which the later turn keeps -> contexts [7] and [20, 21].
+    ids, reads = pack_episode(segs, max_length=6)
+    assert ids == [7, 9, 10, 20, 21, 12] and reads == [2, 5]
+    # 4 tokens: one context token left; the later turn keeps it.
+    ids, reads = pack_episode(segs, max_length=4)
+    assert ids == [9, 10, 21, 12] and reads == [1, 3]
+    # an empty context (observation "") and an empty response are read at the token before
+    ids, reads = pack_episode([([1, 2], [3]), ([], [4]), ([5], [])], max_length=10)
+    assert ids == [1, 2, 3, 4, 5] and reads == [2, 3, 4]
+    with pytest.raises(ValueError, match="responses alone take 3 tokens, more than max_length=2"):
+        pack_episode(segs, max_length=2)
+
+
+def test_prm_loss_is_mse_of_the_turn_sum_by_hand():
+    values = torch.tensor([[0.2, 0.3, 99.0], [0.5, -0.1, 0.4]])  # 99 sits on a padding turn
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    # sums (0.5, 0.8) against R = (1, 0): ((0.5 - 1)^2 + 0.8^2) / 2 = (0.25 + 0.64) / 2
+    assert prm_loss(values, mask, torch.tensor([1.0, 0.0])).item() == pytest.approx(0.445)
+    with pytest.raises(ValueError, match="targets"):
+        prm_loss(values, mask, torch.tensor([1.0]))
+
+
+# --------------------------------------------------------------------------- the module
+
+
+@pytest.mark.parametrize("head", ["mlp_tanh", "linear"])
+def test_module_loss_with_a_fixed_head_by_hand(policy_dir, head):
+    module = make_module(policy_dir, head=head, target="score")
+    set_constant_head(module, 0.25)
+    a = traj([turn([5, 6], [7]), turn([5, 6, 8], [9])], score=1.0)
+    b = traj([turn([5], [7]), turn([5], [8]), turn([5], [9, 10])], score=0.0)
+    loss, mae = module.episode_loss([a, b])
+    # c_t = 0.25: sums 0.5 (2 turns) and 0.75 (3 turns) against (1, 0)
+    assert loss.item() == pytest.approx(((0.5 - 1.0) ** 2 + 0.75 ** 2) / 2)
+    assert mae.item() == pytest.approx((0.5 + 0.75) / 2)
+    module.target = "outcome"  # R(τ) = sum of outcome rewards: (0, 10)
+    b.turns[-1].outcome_reward = 10.0
+    loss, _ = module.episode_loss([a, b])
+    assert loss.item() == pytest.approx((0.5 ** 2 + (0.75 - 10.0) ** 2) / 2)
+
+
+def test_head_reads_the_hidden_state_at_each_turns_last_token(policy_dir):
+    module = make_module(policy_dir, head="mlp_tanh")
+    torch.manual_seed(0)
+    torch.nn.init.normal_(module.head.net[-1].weight)
+    tok = module.tokenizer
+    obs = "Nothing happens."
+    obs_ids = tok(obs, add_special_tokens=False)["input_ids"]
+    assert len(obs_ids) >= 2
+    p0, r0, r1 = [5, 6, 7], [9, 10], [12, 13]
+    episode = traj([turn(p0, r0), turn([5, 6, 7, 99], r1, observation=obs)])
+    enc = module.encode([episode])
+    expected_ids = p0 + r0 + obs_ids + r1
+    assert enc["input_ids"][0].tolist() == expected_ids
+    reads = [len(p0) + len(r0) - 1, len(expected_ids) - 1]
+    assert enc["read_positions"][0].tolist() == reads
+
+    with torch.no_grad():
+        hidden = module.backbone.get_decoder()(input_ids=torch.tensor([expected_ids])).last_hidden_state[0]
+        expected = module.head(hidden[reads])
+    values = module.turn_values([episode])[0]
+    torch.testing.assert_close(torch.tensor(values), expected, rtol=1e-5, atol=1e-6)
+
+    # Causal: changing turn 1's action moves c_1 only.
+    other = traj([turn(p0, r0), turn([5, 6, 7, 99], [12, 14], observation=obs)])
+    moved = module.turn_values([other])[0]
+    assert moved[0] == pytest.approx(values[0], abs=1e-6) and abs(moved[1] - values[1]) > 1e-4
+    # Right padding does not leak: scored next to a longer episode, the values are the same.
+    longer = traj([turn(p0 + [8, 8, 8, 8], r0), turn(p0, r1, observation=obs), turn(p0, r0, observation=obs)])
+    batched = module.turn_values([episode, longer])
+    assert batched[0] == pytest.approx(values, abs=1e-5) and len(batched[1]) == 3
+
+
+@pytest.mark.parametrize("head", ["mlp_tanh", "linear"])
+def test_reward_adds_grounding_on_valid_turns_only(policy_dir, head):
+    module = make_module(policy_dir, head=head)
+    set_constant_head(module, 0.25)
+    reward = ProcessRewardModelReward(module, grounding=0.5)
+    assert isinstance(reward, DenseReward)
+    episode = traj([turn([5], [7], valid=True), turn([5], [8], valid=False), turn([5], [9], valid=True)])
+    assert reward.turn_rewards(episode) == pytest.approx([0.75, 0.25, 0.75])
+    assert reward.turn_rewards(traj([])) == []
+    assign_dense_rewards(reward, [episode])
+    assert [t.dense_reward for t in episode.turns] == pytest.approx([0.75, 0.25, 0.75])
+    assert ProcessRewardModelReward(module, grounding=0.0).turn_rewards(episode) == pytest.approx([0.25] * 3)
+
+
+def test_freeze_backbone_trains_the_head_only(policy_dir):
+    module = make_module(policy_dir, head="linear", freeze_backbone=True, optim=OptimConfig(lr=1e-2))
+    module.train()
+    assert not module.backbone.training
+    before = {k: v.clone() for k, v in module.backbone.state_dict().items()}
+    opt = module.configure_optimizers()["optimizer"]
+    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == sum(p.numel() for p in module.head.parameters())
+    episodes = [traj([turn([5], [7]), turn([5], [8])], score=1.0)]
+    for _ in range(3):
+        loss, _ = module.episode_loss(episodes)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert all(torch.equal(before[k], v) for k, v in module.backbone.state_dict().items())
+    assert module.head.net[0].bias.abs().item() > 0
+
+
+def synthetic_episodes(n, win_id, lose_id):
+    """Won episodes end on ``win_id``, lost ones on ``lose_id``; everything else is shared."""
+    out = []
+    for k in range(n):
+        won = k % 2 == 0
+        turns = [turn([5, 6, 7], [9, 10]) for _ in range(1 + k % 3)]
+        turns.append(turn([5, 6, 7], [9, win_id if won else lose_id], observation="Nothing happens."))
+        out.append(traj(turns, score=1.0 if won else 0.0, task_id=k))
+    return out
+
+
+def test_fit_lowers_the_loss_and_exports_a_loadable_reward(policy_dir, tmp_path):
+    path = str(tmp_path / "episodes.jsonl")
+    save_trajectories(path, synthetic_episodes(16, win_id=11, lose_id=12) + [traj([], task_id=99)])
+    dm = TrajectoryEpisodeDataModule(path, batch_size=8, val_fraction=0.0)
+    dm.setup("fit")
+    assert len(dm.train_episodes) == 16  # the empty trajectory is left out
+    module = ProcessRewardModule(policy=PolicyConfig(source=policy_dir), optim=OptimConfig(lr=1e-3), head="mlp_tanh",
+                                 max_length=64)
+    module.configure_model()
+    with torch.no_grad():
+        before, _ = module.episode_loss(dm.train_episodes)
+    assert before.item() == pytest.approx(0.5)  # c_t = 0 at the start: mean(R^2) with half of R = 1
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=30, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer.fit(module, dm)
+    assert "train/prm_loss" in trainer.callback_metrics
+    module.eval()
+    with torch.no_grad():
+        after, _ = module.episode_loss(dm.train_episodes)
+    assert after.item() < 0.1 * before.item(), (before.item(), after.item())
+
+    probe = synthetic_episodes(2, win_id=11, lose_id=12)
+    direct = module.turn_values(probe)
+    assert sum(direct[0]) > sum(direct[1]) + 0.5  # the won episode's contributions add up to more
+
+    from_dir = ProcessRewardModelReward(str(tmp_path / "prm"), grounding=0.0)  # on_train_end's export
+    ckpt = str(tmp_path / "prm.ckpt")
+    trainer.save_checkpoint(ckpt)
+    from_ckpt = ProcessRewardModelReward(ckpt, grounding=0.0)
+    for reward in (from_dir, from_ckpt):
+        assert reward.model.head_kind == "mlp_tanh" and reward.model.max_length == 64
+        assert reward.turn_rewards(probe[0]) == pytest.approx(direct[0], abs=1e-5)
+
+
+def test_bad_settings_name_the_value_and_the_fix(policy_dir, tmp_path):
+    with pytest.raises(ValueError, match="--save-policy"):
+        ProcessRewardModule(policy=PolicyConfig(source="tiny")).configure_model()
+    with pytest.raises(ValueError, match="model.head must be one of \\['mlp_tanh', 'linear'\\], got 'mlp'"):
+        ProcessRewardModule(head="mlp")
+    with pytest.raises(ValueError, match="model.target"):
+        ProcessRewardModule(target="reward")
+    with pytest.raises(ValueError, match="max_position_embeddings=1024"):
+        make_module(policy_dir, max_length=4096)
+    with pytest.raises(FileNotFoundError, match="neither"):
+        ProcessRewardModelReward(str(tmp_path / "nowhere"))
+    module = make_module(policy_dir, max_length=4)
+    with pytest.raises(ValueError, match="trajectory 0 .*max_length=4"):
+        module.encode([traj([turn([5], [7, 7, 7]), turn([5], [8, 8])])])
+
+
+def test_prm_config_instantiates(policy_dir, tmp_path):
+    from lightning.pytorch import LightningDataModule, LightningModule
+
+    from rspo_lightning.cli import AgentCLI, _names_a_class
+
+    config = os.path.join(ROOT, "configs", "household", "prm.yaml")
+    assert _names_a_class(["fit", "--config", config])
+    path = str(tmp_path / "episodes.jsonl")
+    save_trajectories(path, synthetic_episodes(4, win_id=11, lose_id=12))
+    args = ["--config", config, "--model.policy.source", policy_dir, "--data.train_path", path,
+            "--trainer.logger.init_args.save_dir", str(tmp_path)]
+    cli = AgentCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, run=False,
+                   args=args, auto_configure_optimizers=False)
+    assert isinstance(cli.model, ProcessRewardModule) and isinstance(cli.datamodule, TrajectoryEpisodeDataModule)
+    assert cli.model.head_kind == "mlp_tanh" and not cli.model.freeze_backbone

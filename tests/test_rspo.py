@@ -1,0 +1,308 @@
+"""RSPOLoop: the phase schedule, A's bitwise restore, the reward swap, mixing, the generalised
+clip's centre, exact resume mid-B-phase, and reuse with a LightningModule that is not ours."""
+
+import math
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from rspo_lightning.callbacks.rspo import RSPOLoop, repeat_visit_rate, replay_group_count
+from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
+from rspo_lightning.datamodules import AgentDataModule
+from rspo_lightning.module import AgentRLModule
+from rspo_lightning.policy import TinyModelConfig
+from rspo_lightning.rewards import EnvProgressReward
+from rspo_lightning.rollout import RolloutConfig
+from rspo_lightning.types import IterationBatch, TaskSpec, Trajectory, Turn
+
+ENV = EnvConfig(kwargs={"task_types": ["pick_and_place"], "num_receptacles": 3, "num_distractors": 0,
+                        "num_object_types": 4, "max_steps": 4, "info_actions": False})
+TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64)
+ROLLOUT = RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt="", history_window=1)
+
+
+def _module(estimator="grpo", **kw):
+    algo = AlgorithmConfig(estimator=estimator, ppo_epochs=1, minibatch_size=64,
+                           estimator_kwargs={"gamma": 0.9, "lam": 0.9} if estimator == "gae" else {})
+    return AgentRLModule(policy=PolicyConfig(tiny=TINY), env=ENV, algorithm=algo, optim=OptimConfig(lr=5e-3),
+                         rollout=ROLLOUT, dense_reward=EnvProgressReward(), **kw)
+
+
+def _trainer(callbacks, max_epochs, **kw):
+    return pl.Trainer(max_epochs=max_epochs, logger=False, num_sanity_val_steps=0, limit_val_batches=0,
+                      enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+                      enable_checkpointing=kw.pop("enable_checkpointing", False), **kw)
+
+
+def _dm(groups=4, ipe=5):
+    return AgentDataModule(env=ENV, groups_per_iteration=groups, group_size=2, iterations_per_epoch=ipe, val_splits=[])
+
+
+class Recorder(pl.Callback):
+    """Records, per iteration, what the module saw and its state around the step."""
+
+    def __init__(self):
+        self.rows = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        # runs after RSPOLoop's hook (callbacks run in list order)
+        self.rows.append({"tag": batch.policy_tag, "mode": batch.reward_mode, "tasks": len(batch.tasks),
+                          "replay": len(batch.replay), "params_before": _params(pl_module)})
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        row = self.rows[-1]
+        row["params_after"] = _params(pl_module)
+        row["metrics"] = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        row["actions"] = [t.action for tr in pl_module.last_trajectories for t in tr.turns]
+
+
+def _params(module):
+    return {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
+
+
+def _equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _opt_state(module):
+    opt = module.optimizers()
+    state = (opt.optimizer if hasattr(opt, "optimizer") else opt).state_dict()["state"]
+    return {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()} for i, s in state.items()}
+
+
+def test_phase_schedule_and_bitwise_restore_of_agent_a():
+    torch.manual_seed(0)
+    m = _module()
+    loop = RSPOLoop(k=2, offline_ratio=0.25)
+    rec = Recorder()
+
+    class OptProbe(pl.Callback):
+        def __init__(self):
+            self.states = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.states.append(_opt_state(pl_module))
+
+    probe = OptProbe()
+    _trainer([loop, rec, probe], max_epochs=2).fit(m, _dm(ipe=5))
+    phases = [loop.phase_of(i) for i in range(10)]
+    assert phases == ["explore", "explore", "collect", "exploit", "exploit"] * 2
+    assert [r["tag"] for r in rec.rows] == ["B", "B", "B", "A", "A"] * 2  # collect is played by B
+    assert [r["mode"] for r in rec.rows][:5] == ["dense", "dense", "outcome", "outcome", "outcome"]
+    # B trained during explore (weights moved), the collect iteration trained nothing
+    assert not _equal(rec.rows[0]["params_before"], rec.rows[1]["params_after"])
+    assert rec.rows[2]["tasks"] == 0 and rec.rows[2]["replay"] == 0
+    # after B's phase, A's parameters and optimizer state are bitwise those from before it
+    assert _equal(rec.rows[0]["params_before"], rec.rows[3]["params_before"])
+    assert _equal(rec.rows[5]["params_before"], rec.rows[8]["params_before"])
+    for it_a, it_b in [(0, 3), (5, 8)]:
+        sa, sb = probe.states[it_a], probe.states[it_b]
+        assert sa.keys() == sb.keys() and all(_equal(sa[i], sb[i]) for i in sa)
+    # exploit batches: 4 groups, alpha 1/4 -> 1 replay group + 3 on-policy
+    assert [(r["tasks"], r["replay"]) for r in rec.rows[3:5]] == [(3, 1), (3, 1)]
+    # the buffer was cleared when the second loop began, then refilled by the second collect
+    assert rec.rows[5]["metrics"]["rspo/buffer_size"] == 0
+    assert rec.rows[7]["metrics"]["rspo/buffer_size"] == 4
+    assert loop.counts == {"a_iterations": 4, "b_iterations": 4, "collected_groups": 8, "loops": 2}
+
+
+def test_reward_swap_keeps_outcome_rewards_and_b_behaviour_logprobs():
+    torch.manual_seed(0)
+    m = _module()
+    loop = RSPOLoop(k=1, offline_ratio=0.25)
+    collected = []
+    original = m.collect
+
+    def spy(tasks, group_size, policy_tag="A", purpose="train", dense=False):
+        out = original(tasks, group_size, policy_tag, purpose, dense=True)  # B's turns *do* carry dense rewards
+        if purpose == "rspo_collect":
+            collected.extend(out)
+        return out
+
+    m.collect = spy
+    _trainer([loop], max_epochs=1).fit(m, _dm(ipe=2))  # explore, collect
+    stored = [t for g in loop.buffer.groups for t in g]
+    assert len(stored) == len(collected) == 8
+    assert any(turn.dense_reward != 0 for t in collected for turn in t.turns), "vacuous: no dense reward to swap"
+    for s, c in zip(stored, collected):
+        assert s.policy_tag == "B" and s.source == "replay"
+        assert all(turn.dense_reward == 0.0 for turn in s.turns)
+        assert [t.outcome_reward for t in s.turns] == [t.outcome_reward for t in c.turns]
+        for ts, tc in zip(s.turns, c.turns):
+            assert torch.equal(ts.behaviour_logprobs, tc.behaviour_logprobs)
+    # the originals handed out by collect are untouched by the swap
+    assert any(turn.dense_reward != 0 for t in collected for turn in t.turns)
+
+
+def test_mixing_rounding_rule():
+    assert replay_group_count(16, 1 / 8) == 2
+    assert replay_group_count(16, 1 / 16) == 1
+    assert replay_group_count(4, 1 / 8) == 1  # 0.5 rounds up
+    assert replay_group_count(3, 1 / 8) == 0  # 0.375 rounds down
+    assert replay_group_count(16, 0.0) == 0
+
+
+def test_generalised_clip_centre_on_replay_and_on_policy_rows():
+    torch.manual_seed(0)
+    m = _module()
+    loop = RSPOLoop(k=1, offline_ratio=0.25)
+    seen = []
+    original = m._update
+
+    def spy(batch):
+        seen.append(batch)
+        return original(batch)
+
+    m._update = spy
+    _trainer([loop], max_epochs=1).fit(m, _dm(ipe=3))  # explore, collect, exploit
+    batch = seen[-1]  # the exploit iteration's batch
+    rep, mask = batch.is_replay, batch.response_mask
+    assert rep.any() and (~rep).any()
+    centre = torch.exp(batch.old_logprobs - batch.behaviour_logprobs)
+    assert (centre[~rep][mask[~rep]] == 1.0).all()  # on-policy: exactly PPO's centre
+    # replay rows: old = A's log-probs now (recomputed), behaviour = B's; B moved, so c != 1
+    assert (centre[rep][mask[rep]] - 1).abs().max() > 1e-4
+
+
+def test_resume_in_the_middle_of_b_phase_reproduces_the_run(tmp_path):
+    def run(epochs, ckpt=None, root=None):
+        torch.manual_seed(123)
+        m = _module()
+        rec = Recorder()
+        cbs = [RSPOLoop(k=2, offline_ratio=0.25), rec]
+        kw = {}
+        if root is not None:
+            cbs.append(pl.callbacks.ModelCheckpoint(dirpath=root, save_last=True, every_n_epochs=1, save_top_k=-1))
+            kw = {"enable_checkpointing": True}
+        t = _trainer(cbs, max_epochs=epochs, **kw)
+        t.fit(m, _dm(ipe=3), ckpt_path=ckpt, weights_only=True if ckpt else None)
+        return m, rec.rows, cbs[0]
+
+    full, full_rows, full_loop = run(3)  # iterations 0..8
+    run(2, root=tmp_path)  # killed after iteration 5: B has done 1 of its 2 explore iterations
+    resumed, resumed_rows, resumed_loop = run(3, ckpt=str(tmp_path / "last.ckpt"))
+    assert [full_loop.phase_of(i) for i in range(6, 9)] == ["explore", "collect", "exploit"]
+    assert len(resumed_rows) == 3
+    for a, b in zip(full_rows[6:], resumed_rows):
+        assert a["actions"] == b["actions"]
+        assert _equal(a["params_after"], b["params_after"])
+        keys = [k for k in b["metrics"] if k.startswith(("train/", "rollout", "rspo/"))]
+        assert keys and {k: a["metrics"].get(k) for k in keys} == {k: b["metrics"][k] for k in keys}
+    assert _equal(_params(full), _params(resumed))
+    assert full_loop.counts == resumed_loop.counts
+
+
+@pytest.mark.parametrize("estimator", ["gae", "gigpo"])
+def test_rspo_runs_with_ppo_and_gigpo(estimator):
+    torch.manual_seed(0)
+    m = _module(estimator)
+    loop = RSPOLoop(k=1, offline_ratio=0.25)
+    rec = Recorder()
+    _trainer([loop, rec], max_epochs=1).fit(m, _dm(ipe=3))
+    assert rec.rows[2]["replay"] == 1 and math.isfinite(rec.rows[2]["metrics"]["train/policy_loss"])
+
+
+def test_bad_arguments_and_missing_dense_source():
+    for kw, match in [({"k": 0}, "k must be >= 1"), ({"offline_ratio": 1.0}, r"offline_ratio must be in \[0, 1\)"),
+                      ({"explorer_reward": "x"}, "explorer_reward"), ({"replay_from": "x"}, "replay_from"),
+                      ({"collect_groups": 0}, "collect_groups")]:
+        with pytest.raises(ValueError, match=match):
+            RSPOLoop(**kw)
+    m = AgentRLModule(policy=PolicyConfig(tiny=TINY), env=ENV, rollout=ROLLOUT)
+    with pytest.raises(ValueError, match="needs a dense reward source.*EnvProgressReward"):
+        _trainer([RSPOLoop()], max_epochs=1).fit(m, _dm())
+
+
+def test_exploration_metric_counts_repeated_anchors_in_window():
+    def traj(anchors):
+        turns = [Turn(prompt_ids=torch.tensor([1]), response_ids=torch.tensor([1]), behaviour_logprobs=torch.tensor([0.0]),
+                      action="a", valid=True, observation="o", anchor=a) for a in anchors]
+        return Trajectory(task=TaskSpec("x", "train", 0, 0), turns=turns)
+
+    # a b a b c: with window 2 turns 3 and 4 repeat (2 of 5); window 1 none repeat
+    assert repeat_visit_rate([traj("ababc")], 2) == pytest.approx(2 / 5)
+    assert repeat_visit_rate([traj("ababc")], 1) == 0.0
+    # two episodes pooled by turns: "aa" has 1 repeat -> (2 + 1) / 7
+    assert repeat_visit_rate([traj("ababc"), traj("aa")], 2) == pytest.approx(3 / 7)
+
+
+# -- reusable outside this package ------------------------------------------------------------
+
+class MinimalAgent(pl.LightningModule):
+    """Not an AgentRLModule: one scalar parameter, fake episodes, SGD; offers the RSPOAgent protocol."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(()))
+        self.automatic_optimization = False
+        self.iteration = 0
+        self.dense_reward = "fake-source"
+        self.last_trajectories = []
+        self.seen = []
+
+    def _episode(self, task, tag):
+        turn = Turn(prompt_ids=torch.tensor([1]), response_ids=torch.tensor([1]), behaviour_logprobs=torch.tensor([float(self.w)]),
+                    action="go", valid=True, observation="o", anchor="s", outcome_reward=1.0, dense_reward=0.5)
+        return Trajectory(task=task, turns=[turn], success=True, policy_tag=tag)
+
+    def collect(self, tasks, group_size, policy_tag="A", purpose="train"):
+        return [self._episode(t, policy_tag) for t in tasks for _ in range(group_size)]
+
+    def snapshot_trainable(self):
+        return {"w": self.w.detach().clone(), "opt": self.optimizers().optimizer.state_dict()}
+
+    def restore_trainable(self, snapshot):
+        with torch.no_grad():
+            self.w.copy_(snapshot["w"])
+        self.optimizers().optimizer.load_state_dict(snapshot["opt"])
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append((batch.policy_tag, batch.reward_mode, len(batch.tasks), len(batch.replay), float(self.w)))
+        self.last_trajectories = self.collect(batch.tasks, batch.group_size, batch.policy_tag)
+        if batch.tasks or batch.replay:
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(-self.w)  # every step moves w by +lr
+            opt.step()
+        self.iteration += 1
+
+    def configure_optimizers(self):
+        return torch.optim.SGD([self.w], lr=1.0)
+
+    def train_dataloader(self):
+        tasks = [TaskSpec("fake", "train", i, i) for i in range(16)]
+        batches = [IterationBatch(tasks=list(tasks), group_size=2) for _ in range(10)]
+        return torch.utils.data.DataLoader(batches, batch_size=None, collate_fn=_identity)
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        return batch
+
+
+def _identity(x):
+    return x
+
+
+def test_rspo_loop_drives_a_module_that_is_not_ours():
+    m = MinimalAgent()
+    loop = RSPOLoop(k=2, offline_ratio=1 / 8)
+    pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False, callbacks=[loop]).fit(m)
+    # (tag, mode, on-policy groups, replay groups, w at the step); in the collect iteration B
+    # plays before the step, then A (w = 0) is restored, so the empty step already sees A
+    assert m.seen[:5] == [("B", "dense", 16, 0, 0.0), ("B", "dense", 16, 0, 1.0), ("B", "outcome", 0, 0, 0.0),
+                          ("A", "outcome", 14, 2, 0.0), ("A", "outcome", 14, 2, 1.0)]
+    assert m.seen[5][4] == 2.0 and m.seen[8][4] == 2.0  # A restored after the second B phase
+    stored = [t for g in loop.buffer.groups for t in g]
+    assert stored and all(turn.dense_reward == 0.0 and turn.outcome_reward == 1.0 for t in stored for turn in t.turns)
+
+
+def test_rspo_loop_names_what_a_module_lacks():
+    class NotAnAgent(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.iteration = 0
+
+    loop = RSPOLoop(explorer_reward="outcome")
+    with pytest.raises(TypeError, match=r"RSPOAgent.*lacks \['dense_reward', 'last_trajectories', 'collect', 'snapshot_trainable', 'restore_trainable'\]"):
+        loop.setup(None, NotAnAgent(), "fit")
