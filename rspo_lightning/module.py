@@ -307,7 +307,7 @@ class AgentRLModule(pl.LightningModule):
     def training_step(self, batch: IterationBatch, batch_idx: int) -> None:
         if not batch.tasks and not batch.replay:  # nothing to play or train (e.g. RSPO's collect iteration)
             self.iteration += 1
-            self.log("step", float(self.iteration), on_step=True)
+            self.log_dict({"rollout/env_steps": float(self.env_steps), "step": float(self.iteration)}, on_step=True)
             return
         t0 = time.perf_counter()
         gen_tokens0 = self.engine.stats["generated_tokens"]

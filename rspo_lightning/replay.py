@@ -84,6 +84,8 @@ class ReplayBuffer:
         """``min(n, len(self))`` distinct groups, drawn one by one with probability ∝ weight."""
         if n < 0:
             raise ValueError(f"cannot sample a negative number of groups, got {n}")
+        if n == 0 or not self.groups:
+            return []
         weights = self.weights()
         index = list(range(len(self.groups)))
         chosen: list[int] = []

@@ -84,3 +84,9 @@ def test_state_round_trips_through_a_weights_only_checkpoint():
     assert t1.turns[0].outcome_reward == 10.0 and t1.iteration == 7
     # the same sampling stream continues
     assert [g[0].task.group_id for g in buf.sample(2)] == [g[0].task.group_id for g in other.sample(2)]
+
+
+def test_sampling_an_empty_buffer_gives_nothing():
+    for sampling in ("reward", "variance", "random"):
+        buf = ReplayBuffer(capacity=4, sampling=sampling)
+        assert buf.sample(0) == [] and buf.sample(3) == []

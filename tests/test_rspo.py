@@ -306,3 +306,29 @@ def test_rspo_loop_names_what_a_module_lacks():
     loop = RSPOLoop(explorer_reward="outcome")
     with pytest.raises(TypeError, match=r"RSPOAgent.*lacks \['dense_reward', 'last_trajectories', 'collect', 'snapshot_trainable', 'restore_trainable'\]"):
         loop.setup(None, NotAnAgent(), "fit")
+
+
+def test_validation_during_b_phase_measures_agent_a():
+    torch.manual_seed(0)
+    m = _module()
+    loop = RSPOLoop(k=2, offline_ratio=0.25)
+    seen = {}
+
+    class Probe(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if pl_module.iteration == 0:
+                seen["a"] = _params(pl_module)
+
+        def on_validation_start(self, trainer, pl_module):  # after RSPOLoop's hook
+            seen["val"] = _params(pl_module)
+
+        def on_validation_end(self, trainer, pl_module):
+            seen["after_val"] = _params(pl_module)
+
+    trainer = pl.Trainer(max_epochs=1, logger=False, num_sanity_val_steps=0, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, callbacks=[loop, Probe()])
+    dm = AgentDataModule(env=ENV, groups_per_iteration=4, group_size=2, iterations_per_epoch=2,
+                         val_splits=["valid_seen"], num_val_tasks=2)
+    trainer.fit(m, dm)  # one epoch of 2 iterations: validation runs after B's 2 explore iterations
+    assert _equal(seen["val"], seen["a"])
+    assert not _equal(seen["after_val"], seen["a"]) and _equal(seen["after_val"], _params(m))

@@ -21,6 +21,9 @@ Ablations: ``explorer_reward="outcome"`` is RSPO_O (B trained on the outcome rew
 ``replay_from="history"`` is RSPO_H (no B: every iteration is an exploit iteration and D holds
 A's own groups of the previous iterations, FIFO up to ``capacity``).
 
+Validation always measures A: if it runs while B is active, A is swapped in for it and B back
+afterwards.
+
 Reusable with any LightningModule that offers the ``RSPOAgent`` Protocol below and is fed
 ``IterationBatch``-like batches (mutable ``tasks``, ``group_size``, ``replay``,
 ``reward_mode``, ``policy_tag``); ``setup`` checks the Protocol and names what is missing.
@@ -227,6 +230,18 @@ class RSPOLoop(pl.Callback):
         }, on_step=True)
         pl_module.log("phase", PHASE_CODE[phase], prog_bar=True, on_step=True, logger=False)
         self.explored = []
+
+    # -- validation always measures agent A -----------------------------------------------------
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._b_state = None
+        if self.snapshot is not None and not trainer.sanity_checking:  # B is active: swap A in
+            self._b_state = pl_module.snapshot_trainable()
+            pl_module.restore_trainable(self.snapshot)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if getattr(self, "_b_state", None) is not None:
+            pl_module.restore_trainable(self._b_state)
+            self._b_state = None
 
     # -- checkpoint -------------------------------------------------------------------------
     def state_dict(self) -> dict:
