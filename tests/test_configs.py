@@ -23,6 +23,13 @@ def test_config_instantiates(path, tmp_path):
             "--trainer.logger.init_args.save_dir", str(tmp_path)]
     cli = AgentCLI(AgentRLModule, AgentDataModule, run=False, args=args, auto_configure_optimizers=False)
     name = os.path.basename(path)[: -len(".yaml")]
+    if name.endswith("_rspo"):
+        from rspo_lightning.callbacks import RSPOLoop
+
+        name = name[: -len("_rspo")]
+        loops = [c for c in cli.trainer.callbacks if isinstance(c, RSPOLoop)]
+        assert len(loops) == 1 and loops[0].k == 3 and loops[0].offline_ratio == 0.125
+        assert cli.model.dense_reward is not None
     expected = {"ppo": "gae", "asym_ppo": "gae", "quickstart": "grpo"}.get(name, name)
     assert cli.model.algo.estimator == expected
     if name == "asym_ppo":
