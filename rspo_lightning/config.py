@@ -47,6 +47,44 @@ class PolicyConfig:
 
 
 @dataclass
+class SwapConfig:
+    """Swap-partner auxiliary loss (the seed article's reading of "reward swap"; off by default).
+
+    Total loss = L + λ_t · L_swap with λ_t warmed up linearly from 0 to ``coef`` over
+    ``warmup_iterations`` (``losses.swap_partner_loss``; partners are found inside each
+    micro-batch).
+
+    Args:
+        coef: λ; 0 turns the loss off.
+        strategy: ``knn`` (cosine similarity of the policy's hidden state at the last prompt
+            token), ``bucket`` (equal advantage, i.e. equal reward inside a group) or ``random``.
+        num_partners: partners per sample.
+        beta_s: scale of the partner's advantage.
+        p_swap: probability that a sample takes part.
+        warmup_iterations: iterations of the linear λ warm-up.
+    """
+
+    coef: float = 0.0
+    strategy: str = "knn"
+    num_partners: int = 1
+    beta_s: float = 1.0
+    p_swap: float = 1.0
+    warmup_iterations: int = 0
+
+    def __post_init__(self) -> None:
+        if self.coef < 0:
+            raise ValueError(f"algorithm.swap.coef must be >= 0 (0 = off), got {self.coef}")
+        if self.strategy not in ("knn", "bucket", "random"):
+            raise ValueError(f"algorithm.swap.strategy must be knn, bucket or random, got {self.strategy!r}")
+        if self.num_partners < 1:
+            raise ValueError(f"algorithm.swap.num_partners must be >= 1, got {self.num_partners}")
+        if not 0 <= self.p_swap <= 1:
+            raise ValueError(f"algorithm.swap.p_swap must be in [0, 1], got {self.p_swap}")
+        if self.warmup_iterations < 0:
+            raise ValueError(f"algorithm.swap.warmup_iterations must be >= 0, got {self.warmup_iterations}")
+
+
+@dataclass
 class AlgorithmConfig:
     """The RL update.
 
@@ -74,6 +112,7 @@ class AlgorithmConfig:
             policy-gradient term is 0; dropping them only changes the token-mean normaliser and
             saves their forward/backward (DAPO-style group filtering). Ignored when a KL or
             entropy term is on, since those terms do depend on every sample.
+        swap: the swap-partner auxiliary loss (off unless ``swap.coef > 0``).
     """
 
     estimator: str = "grpo"
@@ -92,6 +131,7 @@ class AlgorithmConfig:
     forward_batch_size: int = 64
     recompute_old_logprobs: bool = True
     drop_zero_advantage: bool = False
+    swap: SwapConfig = field(default_factory=SwapConfig)
 
     def __post_init__(self) -> None:
         if self.estimator not in KNOWN_ESTIMATORS:
@@ -157,4 +197,4 @@ class OptimConfig:
 
 # Checkpoints hold these dataclasses as hyper-parameters: allow-listed so that checkpoints load
 # with torch.load(weights_only=True) (never a context manager: leaving one removes the entries).
-torch.serialization.add_safe_globals([EnvConfig, PolicyConfig, AlgorithmConfig, OptimConfig, TinyModelConfig])
+torch.serialization.add_safe_globals([EnvConfig, PolicyConfig, AlgorithmConfig, SwapConfig, OptimConfig, TinyModelConfig])

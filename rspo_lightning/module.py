@@ -167,24 +167,29 @@ class AgentRLModule(pl.LightningModule):
         return [opt, critic_opt], [sched]
 
     # -- log-probs -----------------------------------------------------------------------
-    def sequence_logprobs(self, model, batch: TrainBatch, temperature: float, with_entropy: bool = False, with_values: bool = False):
-        """``(logprobs [n, T], entropy [n, T] or None, shared-head values [n] or None)`` of the response window."""
+    def sequence_logprobs(self, model, batch: TrainBatch, temperature: float, with_entropy: bool = False,
+                          with_values: bool = False, with_state: bool = False):
+        """``(logprobs [n, T], entropy [n, T] or None, shared-head values [n] or None)`` of the response
+        window; with ``with_state`` a fourth item, the hidden state at the last prompt token ``[n, H]``."""
         ids = batch.input_ids.to(self.device)
         attn = batch.attention_mask.to(self.device)
         window = batch.response_mask.shape[1]
         pos = positions_from_mask(attn)
         out = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=window + 1, use_cache=False,
-                    output_hidden_states=with_values)
-        values = None
-        if with_values:
+                    output_hidden_states=with_values or with_state)
+        values = state = None
+        if with_values or with_state:
             hidden = out.hidden_states[-1]
-            values = self.value_head(hidden[torch.arange(len(ids), device=hidden.device), batch.value_positions.to(hidden.device)].float())
+            state = hidden[torch.arange(len(ids), device=hidden.device), batch.value_positions.to(hidden.device)].float()
+            values = self.value_head(state) if with_values else None
         logits = out.logits[:, :-1].float()
         allowed = batch.allowed_ids.to(self.device) if batch.allowed_ids is not None else None
         lp, ent = response_token_logprobs(logits, ids[:, -window:], temperature, allowed)
         mask = batch.response_mask.to(self.device)
         lp = torch.where(mask, lp, torch.zeros_like(lp))
         ent = torch.where(mask, ent, torch.zeros_like(ent))
+        if with_state:
+            return lp, (ent if with_entropy else None), values, state
         return lp, (ent if with_entropy else None), values
 
     @torch.no_grad()
@@ -440,8 +445,11 @@ class AgentRLModule(pl.LightningModule):
         algo = self.algo
         dev = self.device
         shared_critic = self.value_head is not None
-        logprobs, entropy, values = self.sequence_logprobs(
-            self.policy, mb, self.rollout_cfg.temperature, with_entropy=True, with_values=shared_critic)
+        swap = algo.swap
+        logprobs, entropy, values, state = self.sequence_logprobs(
+            self.policy, mb, self.rollout_cfg.temperature, with_entropy=True, with_values=shared_critic,
+            with_state=True) if swap.coef > 0 else (*self.sequence_logprobs(
+                self.policy, mb, self.rollout_cfg.temperature, with_entropy=True, with_values=shared_critic), None)
         mask = mb.response_mask.to(dev)
         eps_scale = mb.clip_eps.to(dev)
         pg_loss, st = losses.clipped_surrogate(
@@ -465,6 +473,18 @@ class AgentRLModule(pl.LightningModule):
             stats["kl"] = kl.detach()
             if actor_moves:
                 total = total + algo.kl_coef * kl
+        if swap.coef > 0 and actor_moves:
+            lam = losses.swap_lambda(self.iteration, swap.coef, swap.warmup_iterations)
+            gen = torch.Generator().manual_seed(self.seed * 100003 + self.iteration)
+            adv_rows = mb.advantages.to(dev)
+            swap_loss, swap_stats = losses.swap_partner_loss(
+                logprobs, mb.old_logprobs.to(dev), adv_rows, mask, embeddings=state.detach(), rewards=adv_rows,
+                strategy=swap.strategy, num_partners=swap.num_partners, beta_s=swap.beta_s, p_swap=swap.p_swap,
+                eps_low=algo.clip_eps_low, eps_high=algo.clip_eps_high, agg=algo.loss_agg,
+                behaviour_logprobs=mb.behaviour_logprobs.to(dev), generator=gen)
+            total = total + lam * swap_loss
+            stats["swap_loss"] = swap_loss.detach()
+            stats["swap_frac"] = torch.as_tensor(swap_stats["swap_frac"]).detach()
         stats["loss"] = total.detach()
         return total, stats
 

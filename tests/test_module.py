@@ -177,3 +177,21 @@ def test_env_step_budget_stops_the_fit():
     assert 2 <= m.iteration <= 5
     with pytest.raises(ValueError, match="max_env_steps"):
         EnvStepBudget(0)
+
+
+def test_swap_partner_loss_is_added_with_its_warmed_up_coefficient():
+    from rspo_lightning.config import SwapConfig
+
+    torch.manual_seed(0)
+    m = _module(rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt=""))
+    trajs = m.engine.collect([TaskSpec("rspo/Household-v0", "train", i, i) for i in range(3)], 2)
+    flat = flatten(trajs)
+    batch = make_train_batch(flat, m.engine.pad_id, torch.linspace(-1, 1, len(flat.turns)))
+    base, _ = m._loss(batch)
+    m.algo.swap = SwapConfig(coef=0.5, strategy="knn", warmup_iterations=4)
+    m.iteration = 2  # halfway through the warm-up: lambda = 0.25
+    total, stats = m._loss(batch)
+    assert stats["swap_loss"] != 0
+    assert torch.allclose(total, base + 0.25 * stats["swap_loss"], atol=1e-6)
+    with pytest.raises(ValueError, match="swap.strategy"):
+        SwapConfig(strategy="nearest")
