@@ -140,6 +140,8 @@ class AgentRLModule(pl.LightningModule):
                              "e.g. {class_path: rspo_lightning.rewards.EnvProgressReward}")
 
     def on_fit_start(self) -> None:
+        if self.engine is not None:
+            self.engine.env_errors = max(self.engine.env_errors, getattr(self, "_restored_env_errors", 0))
         if self._ref is not None:
             self._ref.to(self.device)
 
@@ -272,7 +274,7 @@ class AgentRLModule(pl.LightningModule):
         environment steps are added to ``env_steps`` (all ranks).
         """
         self._seed_rollout(f"{purpose}/{policy_tag}")
-        trajectories = self.engine.collect(tasks, group_size, iteration=self.iteration, policy_tag=policy_tag)
+        trajectories = self._drop_faulty(self.engine.collect(tasks, group_size, iteration=self.iteration, policy_tag=policy_tag))
         if dense:
             if self.dense_reward is None:
                 raise ValueError("reward_mode 'dense' needs a dense reward source: set model.dense_reward, "
@@ -280,6 +282,17 @@ class AgentRLModule(pl.LightningModule):
             assign_dense_rewards(self.dense_reward, trajectories)
         self.env_steps += self._all_ranks_sum(sum(len(t.turns) for t in trajectories))
         return trajectories
+
+    def _drop_faulty(self, trajectories: list[Trajectory]) -> list[Trajectory]:
+        """Leave out episodes whose environment failed, with their whole group when the estimator
+        is group-relative (a partial group would shift its baseline)."""
+        faulty = [t for t in trajectories if t.env_error is not None]
+        if not faulty:
+            return trajectories
+        if self.algo.estimator in GROUP_RELATIVE:
+            bad = {t.task.group_id for t in faulty}
+            return [t for t in trajectories if t.task.group_id not in bad]
+        return [t for t in trajectories if t.env_error is None]
 
     def snapshot_trainable(self) -> dict:
         """Copies of every trainable parameter, the optimizers' and the schedulers' states (RSPO
@@ -366,6 +379,7 @@ class AgentRLModule(pl.LightningModule):
             "perf/update_tokens_per_s": trained_tokens / max(update_s, 1e-9),
             "iteration": float(self.iteration),
             "train/skipped_steps": float(self.skipped_steps),
+            "rollout/env_errors": float(self.engine.env_errors),
             "step": float(self.iteration),  # Lightning's x-axis key: curves are plotted per RL iteration
         }, on_step=True)
         self.log("it", float(self.iteration), prog_bar=True, on_step=True, logger=False)
@@ -527,6 +541,7 @@ class AgentRLModule(pl.LightningModule):
         for tag, greedy in runs:
             self._seed_rollout(f"{prefix}/{tag}{batch_idx}")
             trajs = self.engine.collect(batch.tasks, 1, temperature=self.val_temperature, greedy=greedy, iteration=self.iteration)
+            trajs = [t for t in trajs if t.env_error is None]  # an env fault is not the agent's failure
             for t in trajs:
                 self._val_metric(f"{prefix}/{tag}success_rate").update(float(t.success))
                 self._val_metric(f"{prefix}/{tag}score").update(t.score)
@@ -560,6 +575,7 @@ class AgentRLModule(pl.LightningModule):
         checkpoint["rspo_iteration"] = self.iteration
         checkpoint["rspo_skipped_steps"] = self.skipped_steps
         checkpoint["rspo_env_steps"] = self.env_steps
+        checkpoint["rspo_env_errors"] = self.engine.env_errors if self.engine is not None else 0
         if hasattr(self.dense_reward, "state_dict"):
             checkpoint["rspo_dense_reward"] = self.dense_reward.state_dict()
 
@@ -567,5 +583,6 @@ class AgentRLModule(pl.LightningModule):
         self.iteration = int(checkpoint.get("rspo_iteration", 0))
         self.skipped_steps = int(checkpoint.get("rspo_skipped_steps", 0))
         self.env_steps = int(checkpoint.get("rspo_env_steps", 0))
+        self._restored_env_errors = int(checkpoint.get("rspo_env_errors", 0))
         if "rspo_dense_reward" in checkpoint and hasattr(self.dense_reward, "load_state_dict"):
             self.dense_reward.load_state_dict(checkpoint["rspo_dense_reward"])

@@ -9,7 +9,9 @@ training forward reproduces them (tests/test_rollout.py checks 1e-4).
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -45,6 +47,9 @@ class RolloutConfig:
         template: prompt template family (a key of ``rspo_lightning.prompts.TEMPLATES``).
         system_prompt: system message; empty for none.
         generation_batch_size: most episodes in one ``generate`` call (None = all active ones).
+        env_timeout_s: an ``env.reset``/``env.step`` call that takes longer is a fault (the episode
+            is dropped, the env rebuilt; the stuck call's thread is abandoned). None = no timeout
+            (calls then run in the rollout thread, without the ~20 µs thread hand-off).
     """
 
     max_new_tokens: int = 64
@@ -58,8 +63,11 @@ class RolloutConfig:
     template: str = "household"
     system_prompt: str = "You are a helpful assistant."
     generation_batch_size: int | None = None
+    env_timeout_s: float | None = 60.0
 
     def __post_init__(self) -> None:
+        if self.env_timeout_s is not None and not self.env_timeout_s > 0:
+            raise ValueError(f"rollout.env_timeout_s must be > 0 or null (no timeout), got {self.env_timeout_s}")
         if self.temperature <= 0:
             raise ValueError(f"rollout.temperature must be > 0, got {self.temperature}; use greedy=True in collect() for argmax decoding")
         if not 0 < self.top_p <= 1:
@@ -148,6 +156,32 @@ class _Episode:
     done: bool = False
 
 
+class EnvFault(Exception):
+    """An environment call raised, timed out, or returned values of the wrong types."""
+
+
+def _check_reset(out) -> tuple[str, dict]:
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], str) and isinstance(out[1], dict)):
+        raise EnvFault(f"reset returned {_short(out)}, expected (str, dict)")
+    return out
+
+
+def _check_step(out) -> tuple:
+    ok = isinstance(out, tuple) and len(out) == 5
+    if ok:
+        obs, reward, terminated, truncated, info = out
+        ok = (isinstance(obs, str) and isinstance(reward, (int, float)) and math.isfinite(float(reward))
+              and isinstance(terminated, (bool, int)) and isinstance(truncated, (bool, int)) and isinstance(info, dict))
+    if not ok:
+        raise EnvFault(f"step returned {_short(out)}, expected (str, finite number, bool, bool, dict)")
+    return out
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 class RolloutEngine:
     """Plays groups of episodes with a causal LM policy.
 
@@ -165,6 +199,8 @@ class RolloutEngine:
         self.env_kwargs = dict(env_kwargs or {})
         self._envs: dict[str, list] = {}
         self._trie_cache: dict[tuple[str, ...], ActionTrie] = {}
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.env_errors = 0  # faulty env calls so far (their episodes were dropped)
         eos = tokenizer.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
@@ -184,6 +220,42 @@ class RolloutEngine:
         while len(pool) < n:
             pool.append(make_env(env_id, **self.env_kwargs))
         return pool[:n]
+
+    def _env_call(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` with the configured timeout; any exception becomes EnvFault."""
+        timeout = self.config.env_timeout_s
+        try:
+            if timeout is None:
+                return fn(*args, **kwargs)
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="env")
+            future = self._executor.submit(fn, *args, **kwargs)
+            try:
+                return future.result(timeout=timeout)
+            except concurrent.futures.TimeoutError:
+                # the stuck call keeps its thread: leave that executor behind, start a fresh one
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._executor = None
+                raise EnvFault(f"timed out after {timeout} s") from None
+        except EnvFault:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an env fault of any kind costs only its episode
+            raise EnvFault(f"{type(exc).__name__}: {exc}") from exc
+
+    def _fault(self, ep: _Episode, message: str) -> None:
+        """Drop ``ep`` (marked ``env_error``) and take its env out of the pool (rebuilt on demand)."""
+        self.env_errors += 1
+        ep.done = True
+        ep.traj.env_error = message
+        log.warning("environment fault in %s (task %s, turn %d): %s; the episode is dropped and the env rebuilt",
+                    ep.task.env_id, ep.task.task_id, len(ep.traj.turns), message)
+        pool = self._envs.get(ep.task.env_id, [])
+        if ep.env in pool:
+            pool.remove(ep.env)
+        try:
+            ep.env.close()
+        except Exception:  # noqa: BLE001 - a broken env may fail to close too
+            pass
 
     def _trie(self, admissible: Sequence[str]) -> ActionTrie:
         key = tuple(admissible)
@@ -228,7 +300,13 @@ class RolloutEngine:
         for task in tasks:
             for _ in range(group_size):
                 env = next(pools[task.env_id])
-                obs, info = env.reset(options={"split": task.split, "task_id": task.task_id})
+                try:
+                    obs, info = _check_reset(self._env_call(env.reset, options={"split": task.split, "task_id": task.task_id}))
+                except EnvFault as fault:
+                    ep = _Episode(task, env, Trajectory(task=task, policy_tag=policy_tag, iteration=iteration), "", {}, [])
+                    self._fault(ep, f"reset: {fault}")
+                    episodes.append(ep)
+                    continue
                 traj = Trajectory(task=task, task_type=str(info.get("task_type", "")), policy_tag=policy_tag, iteration=iteration,
                                   initial_progress=float(info.get("progress", 0.0)))
                 episodes.append(_Episode(task, env, traj, obs, info, []))
@@ -271,7 +349,11 @@ class RolloutEngine:
             parsed = parse_response(
                 text, admissible, require_admissible=cfg.require_admissible, require_think=cfg.require_think
             )
-            obs, reward, terminated, truncated, info = ep.env.step(parsed.action if parsed.valid else "")
+            try:
+                obs, reward, terminated, truncated, info = _check_step(self._env_call(ep.env.step, parsed.action if parsed.valid else ""))
+            except EnvFault as fault:
+                self._fault(ep, f"step: {fault}")
+                continue
             valid = parsed.valid and not bool(info.get("invalid", False))
             ep.traj.turns.append(
                 Turn(

@@ -87,6 +87,8 @@ class Trajectory:
         iteration: the RL iteration in which it was played.
         truncated: the episode hit ``max_steps`` without terminating.
         initial_progress: the environment's ``progress`` right after reset (dense-reward origin).
+        env_error: why the environment failed during this episode (raised, timed out, returned
+            garbage); None for a clean episode. Faulty episodes are never trained on.
     """
 
     task: TaskSpec
@@ -99,6 +101,7 @@ class Trajectory:
     iteration: int = 0
     truncated: bool = False
     initial_progress: float = 0.0
+    env_error: str | None = None
 
     @property
     def outcome_return(self) -> float:

@@ -1,0 +1,86 @@
+"""FaultyEnv: a fault-injecting wrapper for reliability tests and the soak benchmark.
+
+``make_env("rspo/Faulty-v0", inner_id="rspo/Household-v0", inner_kwargs={...}, fault_rate=0.05)``
+wraps the inner env; every ``step`` (and ``reset`` when ``on_reset``) faults with probability
+``fault_rate`` (or exactly at step ``fault_at_step`` of every episode), in one of ``modes``:
+
+- ``raise``: raises RuntimeError;
+- ``hang``: sleeps ``hang_s`` seconds, then answers normally (a rollout timeout must cut it);
+- ``garbage``: returns values of the wrong types (``(None, "x", 3, [], 7)``).
+
+Faults draw from their own seeded RNG, so a run's fault pattern is reproducible. ``faults``
+counts what was injected, by mode.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from typing import Any
+
+import gymnasium
+
+from rspo_lightning.envs.base import make_env
+
+MODES = ("raise", "hang", "garbage")
+
+
+class FaultyEnv(gymnasium.Wrapper):
+
+    """Wraps ``inner_id`` and injects faults (see the module docstring).
+
+    Args:
+        inner_id: the inner environment id.
+        inner_kwargs: its ``gymnasium.make`` keyword arguments.
+        fault_rate: probability that a call faults.
+        modes: fault kinds drawn uniformly: raise, hang, garbage.
+        fault_at_step: fault deterministically at this step of every episode (0-based), in addition.
+        hang_s: how long a hang lasts.
+        on_reset: also fault in ``reset``.
+        seed: seed of the fault RNGs (the n-th instance created draws from stream (seed, n)).
+    """
+
+    _instances = itertools.count()
+
+    def __init__(self, inner_id: str = "rspo/Household-v0", inner_kwargs: dict | None = None, fault_rate: float = 0.05,
+                 modes: list[str] = list(MODES), fault_at_step: int | None = None, hang_s: float = 2.0,
+                 on_reset: bool = False, seed: int = 0):
+        bad = [m for m in modes if m not in MODES]
+        if bad or not modes:
+            raise ValueError(f"FaultyEnv modes must be a non-empty subset of {MODES}, got {modes}")
+        if not 0 <= fault_rate <= 1:
+            raise ValueError(f"FaultyEnv fault_rate must be in [0, 1], got {fault_rate}")
+        super().__init__(make_env(inner_id, **(inner_kwargs or {})))
+        self.fault_rate, self.modes, self.fault_at_step = fault_rate, list(modes), fault_at_step
+        self.hang_s, self.on_reset = hang_s, on_reset
+        # each instance of a pool draws its own stream (same seed, same order of creation = same faults)
+        self.rng = random.Random(f"{seed}/{next(FaultyEnv._instances)}")
+        self.faults = {m: 0 for m in MODES}
+        self._step = 0
+
+    def _draw(self, forced: bool) -> str | None:
+        if forced or (self.fault_rate > 0 and self.rng.random() < self.fault_rate):
+            mode = self.rng.choice(self.modes)
+            self.faults[mode] += 1
+            return mode
+        return None
+
+    def _inject(self, mode: str | None, call, *args, **kwargs) -> Any:
+        if mode == "raise":
+            raise RuntimeError("injected environment fault")
+        if mode == "hang":
+            time.sleep(self.hang_s)
+        if mode == "garbage":
+            return (None, "x", 3, [], 7)
+        return call(*args, **kwargs)
+
+    def reset(self, **kwargs):
+        self._step = 0
+        mode = self._draw(False) if self.on_reset else None
+        return self._inject(mode, self.env.reset, **kwargs)
+
+    def step(self, action):
+        mode = self._draw(self.fault_at_step is not None and self._step == self.fault_at_step)
+        self._step += 1
+        return self._inject(mode, self.env.step, action)

@@ -1,0 +1,85 @@
+"""Environment faults cost only their episode: raise, hang past the timeout, garbage returns."""
+
+import time
+
+import pytest
+import torch
+
+from rspo_lightning.envs.faults import FaultyEnv
+from rspo_lightning.rollout import RolloutConfig, RolloutEngine
+from rspo_lightning.types import TaskSpec
+
+INNER = {"task_types": ["pick_and_place"], "num_receptacles": 6, "max_steps": 6}
+
+
+def _engine(tiny_policy, fault_kwargs, timeout=None):
+    import gymnasium
+
+    if "rspo/Faulty-v0" not in gymnasium.registry:
+        gymnasium.register("rspo/Faulty-v0", entry_point="rspo_lightning.envs.faults:FaultyEnv")
+    model, tok = tiny_policy
+    cfg = RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt="", env_timeout_s=timeout)
+    kwargs = {"inner_id": "rspo/Household-v0", "inner_kwargs": INNER, **fault_kwargs}
+    return RolloutEngine(model, tok, cfg, kwargs)
+
+
+def _tasks(n):
+    return [TaskSpec("rspo/Faulty-v0", "train", i, i) for i in range(n)]
+
+
+@pytest.mark.parametrize("mode", ["raise", "garbage"])
+def test_a_fault_at_step_k_drops_only_that_episode_and_rebuilds_the_env(tiny_policy, mode):
+    eng = _engine(tiny_policy, {"fault_rate": 0.0, "modes": [mode], "fault_at_step": 2})
+    torch.manual_seed(0)
+    trajs = eng.collect(_tasks(2), 2)
+    # every episode that reached step 2 faulted there: exactly 2 turns kept, the error recorded
+    long = [t for t in trajs if t.env_error is not None]
+    assert long and all(len(t.turns) == 2 for t in long)
+    assert all(("RuntimeError" in t.env_error) if mode == "raise" else ("expected (str" in t.env_error) for t in long)
+    assert eng.env_errors == len(long)
+    # the faulty envs left the pool; the next collect builds fresh ones for the missing places
+    pool = eng._envs["rspo/Faulty-v0"]
+    assert len(pool) == 4 - len(long)
+    survivors = list(pool)
+    again = eng.collect(_tasks(2), 2)
+    assert len(again) == 4 and all(e in eng._envs["rspo/Faulty-v0"] or e not in survivors for e in survivors)
+    assert eng.env_errors == len(long) + sum(t.env_error is not None for t in again)
+
+
+def test_a_hang_past_the_timeout_is_cut(tiny_policy):
+    eng = _engine(tiny_policy, {"fault_rate": 0.0, "modes": ["hang"], "fault_at_step": 0, "hang_s": 3.0}, timeout=0.3)
+    t0 = time.perf_counter()
+    trajs = eng.collect(_tasks(1), 2)
+    took = time.perf_counter() - t0
+    assert all(t.env_error is not None and "timed out after 0.3 s" in t.env_error for t in trajs)
+    assert all(len(t.turns) == 0 for t in trajs)
+    assert took < 2.5  # both hangs were cut at 0.3 s, not waited out (3 s each)
+
+
+def test_faulty_reset_and_module_drops_the_whole_group(tiny_policy):
+    from rspo_lightning.config import AlgorithmConfig
+
+    eng = _engine(tiny_policy, {"fault_rate": 0.1, "on_reset": True, "modes": ["raise"], "seed": 3})
+    torch.manual_seed(0)
+    trajs = eng.collect(_tasks(8), 2)
+    faulty_groups = {t.task.group_id for t in trajs if t.env_error}
+    assert any(t.env_error and t.env_error.startswith("reset:") for t in trajs)
+    assert faulty_groups and len(faulty_groups) < 8, "vacuous: choose a seed with some but not all groups faulting"
+
+    class Stub:  # the module's dropping rule, without building a whole module
+        algo = AlgorithmConfig(estimator="grpo")
+
+    from rspo_lightning.module import AgentRLModule
+
+    kept = AgentRLModule._drop_faulty(Stub(), trajs)
+    assert {t.task.group_id for t in kept} == {t.task.group_id for t in trajs} - faulty_groups
+    Stub.algo = AlgorithmConfig(estimator="gae")
+    kept = AgentRLModule._drop_faulty(Stub(), trajs)
+    assert kept == [t for t in trajs if t.env_error is None]
+
+
+def test_bad_fault_arguments():
+    with pytest.raises(ValueError, match="modes"):
+        FaultyEnv(modes=["explode"])
+    with pytest.raises(ValueError, match="env_timeout_s"):
+        RolloutConfig(env_timeout_s=0)
