@@ -142,6 +142,12 @@ class AlgorithmConfig:
             raise ValueError(f"algorithm.minibatch_size must be >= 1, got {self.minibatch_size}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"algorithm.micro_batch_size must be >= 1 or null, got {self.micro_batch_size}")
+        if self.micro_batch_size is not None and self.minibatch_size % self.micro_batch_size:
+            raise ValueError(
+                f"algorithm.minibatch_size ({self.minibatch_size}) must be a multiple of algorithm.micro_batch_size "
+                f"({self.micro_batch_size}) so every minibatch splits into whole micro-batches; e.g. micro_batch_size: "
+                f"{max(d for d in range(1, self.micro_batch_size + 1) if self.minibatch_size % d == 0)}"
+            )
         if self.kl_coef < 0:
             raise ValueError(f"algorithm.kl_coef must be >= 0, got {self.kl_coef}; use 0 to disable the KL term")
         if self.kl_estimator not in ("k1", "k3", "low_var_kl"):
