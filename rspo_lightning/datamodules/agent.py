@@ -42,8 +42,14 @@ class _TaskStream(IterableDataset):
     def __iter__(self) -> Iterator[IterationBatch]:
         dm = self.dm
         epoch = dm.trainer.current_epoch if dm.trainer is not None else 0
-        for i in range(dm.iterations_per_epoch):
-            yield dm.iteration_batch(epoch * dm.iterations_per_epoch + i)
+        start = epoch * dm.iterations_per_epoch
+        # A run resumed from a mid-epoch checkpoint continues at the module's next iteration
+        # (Lightning restarts a non-resumable loader from its first batch).
+        module = dm.trainer.lightning_module if dm.trainer is not None else None
+        done = getattr(module, "iteration", start)
+        first = min(max(start, done if isinstance(done, int) else start), start + dm.iterations_per_epoch)
+        for n in range(first, start + dm.iterations_per_epoch):
+            yield dm.iteration_batch(n)
 
 
 class _ValTasks(IterableDataset):

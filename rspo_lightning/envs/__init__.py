@@ -2,7 +2,11 @@
 
 from rspo_lightning.envs.base import TextEnv, make_env, register_env, registered_env_ids
 from rspo_lightning.envs.household import Household
+from rspo_lightning.envs.shop import Shop
 
 register_env("rspo/Household-v0", "rspo_lightning.envs.household:Household")
+register_env("rspo/Shop-v0", "rspo_lightning.envs.shop:Shop")
+# fault injection around any env (reliability tests, benchmarks/soak.py)
+register_env("rspo/Faulty-v0", "rspo_lightning.envs.faults:FaultyEnv")
 
-__all__ = ["Household", "TextEnv", "make_env", "register_env", "registered_env_ids"]
+__all__ = ["Household", "Shop", "TextEnv", "make_env", "register_env", "registered_env_ids"]

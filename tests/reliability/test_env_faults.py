@@ -13,10 +13,6 @@ INNER = {"task_types": ["pick_and_place"], "num_receptacles": 6, "max_steps": 6}
 
 
 def _engine(tiny_policy, fault_kwargs, timeout=None):
-    import gymnasium
-
-    if "rspo/Faulty-v0" not in gymnasium.registry:
-        gymnasium.register("rspo/Faulty-v0", entry_point="rspo_lightning.envs.faults:FaultyEnv")
     model, tok = tiny_policy
     cfg = RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt="", env_timeout_s=timeout)
     kwargs = {"inner_id": "rspo/Household-v0", "inner_kwargs": INNER, **fault_kwargs}
