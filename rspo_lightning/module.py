@@ -85,6 +85,7 @@ class AgentRLModule(pl.LightningModule):
         self.iteration = 0
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
         self.env_steps = 0  # environment steps of training rollouts so far, all ranks together
+        self.episodes_dropped = 0  # training episodes left out because of environment faults (this rank)
         self.last_trajectories: list[Trajectory] = []
         self.val_metrics = torch.nn.ModuleDict()
         self.rollout_success = MeanMetric(dist_sync_on_step=True)  # the step value is the all-rank mean
@@ -274,7 +275,9 @@ class AgentRLModule(pl.LightningModule):
         environment steps are added to ``env_steps`` (all ranks).
         """
         self._seed_rollout(f"{purpose}/{policy_tag}")
-        trajectories = self._drop_faulty(self.engine.collect(tasks, group_size, iteration=self.iteration, policy_tag=policy_tag))
+        played = self.engine.collect(tasks, group_size, iteration=self.iteration, policy_tag=policy_tag)
+        trajectories = self._drop_faulty(played)
+        self.episodes_dropped += len(played) - len(trajectories)
         if dense:
             if self.dense_reward is None:
                 raise ValueError("reward_mode 'dense' needs a dense reward source: set model.dense_reward, "
@@ -284,15 +287,18 @@ class AgentRLModule(pl.LightningModule):
         return trajectories
 
     def _drop_faulty(self, trajectories: list[Trajectory]) -> list[Trajectory]:
-        """Leave out episodes whose environment failed, with their whole group when the estimator
-        is group-relative (a partial group would shift its baseline)."""
-        faulty = [t for t in trajectories if t.env_error is not None]
-        if not faulty:
+        """Leave out episodes whose environment failed. A group-relative estimator computes the
+        group's baseline over its remaining episodes; a group left with fewer than 2 is dropped
+        whole (no baseline)."""
+        if not any(t.env_error is not None for t in trajectories):
             return trajectories
-        if self.algo.estimator in GROUP_RELATIVE:
-            bad = {t.task.group_id for t in faulty}
-            return [t for t in trajectories if t.task.group_id not in bad]
-        return [t for t in trajectories if t.env_error is None]
+        clean = [t for t in trajectories if t.env_error is None]
+        if self.algo.estimator not in GROUP_RELATIVE:
+            return clean
+        sizes: dict[int, int] = {}
+        for t in clean:
+            sizes[t.task.group_id] = sizes.get(t.task.group_id, 0) + 1
+        return [t for t in clean if sizes[t.task.group_id] >= 2]
 
     def snapshot_trainable(self) -> dict:
         """Copies of every trainable parameter, the optimizers' and the schedulers' states (RSPO
@@ -380,6 +386,7 @@ class AgentRLModule(pl.LightningModule):
             "iteration": float(self.iteration),
             "train/skipped_steps": float(self.skipped_steps),
             "rollout/env_errors": float(self.engine.env_errors),
+            "rollout/episodes_dropped": float(self.episodes_dropped),
             "step": float(self.iteration),  # Lightning's x-axis key: curves are plotted per RL iteration
         }, on_step=True)
         self.log("it", float(self.iteration), prog_bar=True, on_step=True, logger=False)
@@ -575,6 +582,7 @@ class AgentRLModule(pl.LightningModule):
         checkpoint["rspo_iteration"] = self.iteration
         checkpoint["rspo_skipped_steps"] = self.skipped_steps
         checkpoint["rspo_env_steps"] = self.env_steps
+        checkpoint["rspo_episodes_dropped"] = self.episodes_dropped
         checkpoint["rspo_env_errors"] = self.engine.env_errors if self.engine is not None else 0
         if hasattr(self.dense_reward, "state_dict"):
             checkpoint["rspo_dense_reward"] = self.dense_reward.state_dict()
@@ -583,6 +591,7 @@ class AgentRLModule(pl.LightningModule):
         self.iteration = int(checkpoint.get("rspo_iteration", 0))
         self.skipped_steps = int(checkpoint.get("rspo_skipped_steps", 0))
         self.env_steps = int(checkpoint.get("rspo_env_steps", 0))
+        self.episodes_dropped = int(checkpoint.get("rspo_episodes_dropped", 0))
         self._restored_env_errors = int(checkpoint.get("rspo_env_errors", 0))
         if "rspo_dense_reward" in checkpoint and hasattr(self.dense_reward, "load_state_dict"):
             self.dense_reward.load_state_dict(checkpoint["rspo_dense_reward"])

@@ -42,6 +42,7 @@ class FaultyEnv(gymnasium.Wrapper):
     """
 
     _instances = itertools.count()
+    injected_total = {m: 0 for m in MODES}  # over every instance of the process (soak reports)
 
     def __init__(self, inner_id: str = "rspo/Household-v0", inner_kwargs: dict | None = None, fault_rate: float = 0.05,
                  modes: list[str] = list(MODES), fault_at_step: int | None = None, hang_s: float = 2.0,
@@ -63,6 +64,7 @@ class FaultyEnv(gymnasium.Wrapper):
         if forced or (self.fault_rate > 0 and self.rng.random() < self.fault_rate):
             mode = self.rng.choice(self.modes)
             self.faults[mode] += 1
+            FaultyEnv.injected_total[mode] += 1
             return mode
         return None
 
