@@ -27,6 +27,31 @@ class EnvConfig:
 
 
 @dataclass
+class LoraSettings:
+    """LoRA adapters on the policy (``peft``; ``pip install -e ".[lora]"``).
+
+    Only the adapters (and a value head, if any) train; the KL reference is the same model with
+    its adapters disabled (no second copy), and RSPO's snapshot of agent A holds only the
+    adapters and their optimizer state.
+
+    Args:
+        r: adapter rank.
+        alpha: scaling numerator (scale = alpha / r).
+        dropout: dropout on the adapter input.
+        target_modules: module names to adapt, or ``all-linear`` (every linear layer but the LM head).
+    """
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] | str = "all-linear"
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ValueError(f"policy.lora.r must be >= 1, got {self.r}")
+
+
+@dataclass
 class PolicyConfig:
     """Which language model acts.
 
@@ -37,6 +62,7 @@ class PolicyConfig:
         tiny: architecture of the ``tiny`` preset.
         trust_remote_code: allow model code from the checkpoint directory (off: never by default).
         gradient_checkpointing: recompute activations in the backward pass to save memory.
+        lora: train LoRA adapters instead of every weight (None = full fine-tuning).
     """
 
     source: str = "tiny"
@@ -44,6 +70,7 @@ class PolicyConfig:
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
+    lora: LoraSettings | None = None
 
 
 @dataclass
@@ -203,4 +230,4 @@ class OptimConfig:
 
 # Checkpoints hold these dataclasses as hyper-parameters: allow-listed so that checkpoints load
 # with torch.load(weights_only=True) (never a context manager: leaving one removes the entries).
-torch.serialization.add_safe_globals([EnvConfig, PolicyConfig, AlgorithmConfig, SwapConfig, OptimConfig, TinyModelConfig])
+torch.serialization.add_safe_globals([EnvConfig, PolicyConfig, LoraSettings, AlgorithmConfig, SwapConfig, OptimConfig, TinyModelConfig])

@@ -6,6 +6,7 @@ rollout -> reward -> score (old/ref log-probs) -> advantage -> ppo_epochs x mini
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -22,7 +23,7 @@ from rspo_lightning.batching import FlatTurns, flatten, make_train_batch, positi
 from rspo_lightning.config import GROUP_RELATIVE, AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.critic import CriticConfig, SeparateCritic, last_token_hidden
 from rspo_lightning.envs import make_env
-from rspo_lightning.policy import ValueHead, frozen_copy, hidden_size_of, load_policy, response_token_logprobs
+from rspo_lightning.policy import ValueHead, apply_lora, frozen_copy, hidden_size_of, load_policy, response_token_logprobs
 from rspo_lightning.prompts import template_texts
 from rspo_lightning.rewards import DenseReward, assign_dense_rewards
 from rspo_lightning.rollout import RolloutConfig, RolloutEngine
@@ -118,8 +119,10 @@ class AgentRLModule(pl.LightningModule):
         if self.policy_cfg.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
         self.policy.config.use_cache = True
-        if self.algo.kl_coef > 0:
-            self._ref = frozen_copy(self.policy)
+        if self.policy_cfg.lora is not None:
+            self.policy = apply_lora(self.policy, self.policy_cfg.lora)
+        elif self.algo.kl_coef > 0:
+            self._ref = frozen_copy(self.policy)  # with LoRA the reference is the adapter-disabled policy
         if self.algo.estimator == "gae":
             if self.critic_cfg.kind == "shared":
                 self.value_head = ValueHead(hidden_size_of(self.policy))
@@ -195,6 +198,15 @@ class AgentRLModule(pl.LightningModule):
             return lp, (ent if with_entropy else None), values, state
         return lp, (ent if with_entropy else None), values
 
+    @contextlib.contextmanager
+    def reference_model(self):
+        """The frozen KL reference: the LoRA policy with its adapters disabled, or a frozen copy."""
+        if self.policy_cfg.lora is not None:
+            with self.policy.disable_adapter():
+                yield self.policy
+        else:
+            yield self._ref
+
     @torch.no_grad()
     def _score(self, batch: TrainBatch) -> None:
         """Fill ``old_logprobs`` (and ``ref_logprobs``) by no-grad forwards in chunks.
@@ -207,9 +219,10 @@ class AgentRLModule(pl.LightningModule):
             rows = rows[batch.is_replay]
         was_training = self.policy.training
         self.policy.eval()
-        if self._ref is not None:
+        if self.algo.kl_coef > 0:
             batch.ref_logprobs = torch.zeros_like(batch.old_logprobs)
-            self._fill_logprobs(self._ref, batch, torch.arange(len(batch)), batch.ref_logprobs)
+            with self.reference_model() as ref:
+                self._fill_logprobs(ref, batch, torch.arange(len(batch)), batch.ref_logprobs)
         self._fill_logprobs(self.policy, batch, rows, batch.old_logprobs)
         if was_training:
             self.policy.train()

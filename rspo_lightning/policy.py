@@ -436,6 +436,19 @@ class ValueHead(nn.Module):
         return self.linear(hidden.to(self.linear.weight.dtype)).squeeze(-1)
 
 
+def apply_lora(model: nn.Module, settings) -> nn.Module:
+    """Wrap ``model`` with LoRA adapters (``peft``); only the adapters stay trainable."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise ImportError('policy.lora needs the `peft` package: pip install -e ".[lora]"') from exc
+    if getattr(model, "is_gradient_checkpointing", False):
+        model.enable_input_require_grads()  # checkpointed blocks need a grad-carrying input
+    config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                        target_modules=settings.target_modules, bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
 def frozen_copy(model: nn.Module) -> nn.Module:
     """A deep copy in eval mode with every parameter frozen (the KL reference model)."""
     ref = copy.deepcopy(model)
