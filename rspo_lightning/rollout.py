@@ -247,8 +247,9 @@ class RolloutEngine:
         self.env_errors += 1
         ep.done = True
         ep.traj.env_error = message
-        log.warning("environment fault in %s (task %s, turn %d): %s; the episode is dropped and the env rebuilt",
-                    ep.task.env_id, ep.task.task_id, len(ep.traj.turns), message)
+        if self.env_errors <= 10 or self.env_errors % 100 == 0:  # the first ten, then every 100th
+            log.warning("environment fault #%d in %s (task %s, turn %d): %s; the episode is dropped and the env rebuilt",
+                        self.env_errors, ep.task.env_id, ep.task.task_id, len(ep.traj.turns), message)
         pool = self._envs.get(ep.task.env_id, [])
         if ep.env in pool:
             pool.remove(ep.env)
