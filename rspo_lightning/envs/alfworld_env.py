@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from rspo_lightning.envs.base import NOTHING_HAPPENS, TextEnv, normalize_action
+from rspo_lightning.envs.base import TextEnv, normalize_action
 
 #: ALFWorld's six task types (the `task_type` of traj_data.json), in AlfredTWEnv's id order 1..6.
 TASK_TYPES: tuple[str, ...] = (
@@ -240,11 +240,7 @@ class ALFWorld(TextEnv):
         Without a task_id, one is drawn from the env's rng (seeded by `seed`).
         """
         super().reset(seed=seed)
-        options = options or {}
-        split = self.check_split(options.get("split", self.default_split))
-        task_id = options.get("task_id")
-        if task_id is None:
-            task_id = int(self.np_random.integers(self.num_tasks(split)))
+        split, task_id = self.task_from_options(options, self.default_split)
         self._game = self.games(split)[self.check_task_id(split, task_id)]
         engine = self._load(self._game.path)
         state = engine.reset()
@@ -347,18 +343,6 @@ class ALFWorld(TextEnv):
 
     # -- info -----------------------------------------------------------------------------------
 
-    def _invalid(self):
-        if not self._done:
-            self._steps += 1
-            self._truncated = self._steps >= self.max_steps
-            self._done = self._truncated
-            if self._done:
-                self._admissible = {}
-        return self._observe(NOTHING_HAPPENS), 0.0, self._won, self._truncated, self._info(True)
-
-    def _observe(self, text: str) -> str:
-        self._last_observation = text
-        return text
 
     def _info(self, invalid: bool) -> dict[str, Any]:
         if self._game is None:  # before the first reset

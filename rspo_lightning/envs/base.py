@@ -94,6 +94,36 @@ class TextEnv(gymnasium.Env):
             raise ValueError(f"task_id must be an int in [0, {n}) for split {split!r}, got {task_id!r}")
         return int(task_id)
 
+    # -- shared step plumbing (subclasses keep _done, _steps, _truncated, _admissible, max_steps) --
+
+    def task_from_options(self, options: dict[str, Any] | None, default_split: str = "train") -> tuple[str, Any]:
+        """``(split, task_id)`` of a ``reset``: ``options["split"]`` (default ``default_split``,
+        checked) and ``options["task_id"]``, or one drawn from the env's rng when it is missing."""
+        options = options or {}
+        split = self.check_split(options.get("split", default_split))
+        task_id = options.get("task_id")
+        if task_id is None:
+            task_id = int(self.np_random.integers(self.num_tasks(split)))
+        return split, task_id
+
+    def _observe(self, text: str) -> str:
+        self._last_observation = text
+        return text
+
+    def _terminated(self) -> bool:
+        """Whether the episode has ended by itself (won, or lost where the env can lose)."""
+        return self._won
+
+    def _invalid(self):
+        """"Nothing happens.": the state is unchanged, but the step counts (and may truncate)."""
+        if not self._done:
+            self._steps += 1
+            self._truncated = self._steps >= self.max_steps
+            self._done = self._truncated
+            if self._done:
+                self._admissible = {}
+        return self._observe(NOTHING_HAPPENS), 0.0, self._terminated(), self._truncated, self._info(True)
+
     # -- tokenizer corpus -----------------------------------------------------------------------
 
     def sample_texts(self, num_tasks: int = 30, seed: int = 0) -> list[str]:

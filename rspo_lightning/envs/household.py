@@ -359,11 +359,7 @@ class Household(TextEnv):
         Without a task_id, one is drawn from the env's rng (seeded by `seed`).
         """
         super().reset(seed=seed)
-        options = options or {}
-        split = self.check_split(options.get("split", "train"))
-        task_id = options.get("task_id")
-        if task_id is None:
-            task_id = int(self.np_random.integers(self.num_tasks(split)))
+        split, task_id = self.task_from_options(options)
         self._load(split, task_id)
         welcome = _WELCOME.format(look=self._do_look(), task=self._task.instruction)
         return self._observe(welcome), self._info(False)
@@ -383,18 +379,6 @@ class Household(TextEnv):
         reward = self.success_reward if self._won else 0.0
         return self._observe(observation), reward, self._won, self._truncated, self._info(False)
 
-    def _invalid(self):
-        if not self._done:
-            self._steps += 1
-            self._truncated = self._steps >= self.max_steps
-            self._done = self._truncated
-            if self._done:
-                self._admissible = {}
-        return self._observe(NOTHING_HAPPENS), 0.0, self._won, self._truncated, self._info(True)
-
-    def _observe(self, text: str) -> str:
-        self._last_observation = text
-        return text
 
     def _info(self, invalid: bool) -> dict[str, Any]:
         done, total = self._progress_counts()

@@ -429,11 +429,7 @@ class Shop(TextEnv):
         Without a task_id, one is drawn from the env's rng (seeded by `seed`).
         """
         super().reset(seed=seed)
-        options = options or {}
-        split = self.check_split(options.get("split", "train"))
-        task_id = options.get("task_id")
-        if task_id is None:
-            task_id = int(self.np_random.integers(self.num_tasks(split)))
+        split, task_id = self.task_from_options(options)
         self._load(split, task_id)
         return self._observe(self._render()), self._info(False)
 
@@ -479,18 +475,9 @@ class Shop(TextEnv):
             return _Page("results", command[1], 1)
         return _Page("item", self._page.query, self._page.page, command[1])  # "product"
 
-    def _invalid(self):
-        if not self._done:
-            self._steps += 1
-            self._truncated = self._steps >= self.max_steps
-            self._done = self._truncated
-            if self._done:
-                self._admissible = {}
-        return self._observe(NOTHING_HAPPENS), 0.0, self._bought is not None, self._truncated, self._info(True)
+    def _terminated(self) -> bool:
+        return self._bought is not None
 
-    def _observe(self, text: str) -> str:
-        self._last_observation = text
-        return text
 
     def _info(self, invalid: bool) -> dict[str, Any]:
         return {

@@ -29,7 +29,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from rspo_lightning.envs.base import NOTHING_HAPPENS, TextEnv, normalize_action
+from rspo_lightning.envs.base import TextEnv, normalize_action
 
 #: Split names a plain list of games serves (a dict of lists names its own splits).
 LIST_SPLITS: tuple[str, ...] = ("train",)
@@ -161,11 +161,7 @@ class TextWorld(TextEnv):
         Without a task_id, one is drawn from the env's rng (seeded by `seed`).
         """
         super().reset(seed=seed)
-        options = options or {}
-        split = self.check_split(options.get("split", "train"))
-        task_id = options.get("task_id")
-        if task_id is None:
-            task_id = int(self.np_random.integers(self.num_tasks(split)))
+        split, task_id = self.task_from_options(options)
         self._game_path = self.game_path(split, task_id)
         state = self._engine(self._game_path).reset()
         self._task_type = task_type_of(state["game"].metadata.get("uuid", ""))
@@ -233,19 +229,9 @@ class TextWorld(TextEnv):
         self._admissible = {normalize_action(c): c for c in commands}
         self._facts = sorted(fact_text(f) for f in state["facts"])
 
-    def _invalid(self):
-        if not self._done:
-            self._steps += 1
-            self._truncated = self._steps >= self.max_steps
-            self._done = self._truncated
-            if self._done:
-                self._admissible = {}
-        terminated = self._won or self._lost
-        return self._observe(NOTHING_HAPPENS), 0.0, terminated, self._truncated, self._info(True)
+    def _terminated(self) -> bool:
+        return self._won or self._lost
 
-    def _observe(self, text: str) -> str:
-        self._last_observation = text
-        return text
 
     def _info(self, invalid: bool) -> dict[str, Any]:
         state = self._state
