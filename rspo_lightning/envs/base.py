@@ -106,6 +106,12 @@ class TextEnv(gymnasium.Env):
             task_id = int(self.np_random.integers(self.num_tasks(split)))
         return split, task_id
 
+    def _admitted(self, action: Any):
+        """The env's command for ``action`` if it is admissible now (``self._admissible`` maps
+        normalised action text to commands), else None."""
+        norm = normalize_action(action)
+        return self._admissible.get(norm) if (norm is not None and not self._done) else None
+
     def _observe(self, text: str) -> str:
         self._last_observation = text
         return text

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from rspo_lightning.envs.base import NOTHING_HAPPENS, TextEnv, normalize_action
+from rspo_lightning.envs.base import NOTHING_HAPPENS, TextEnv
 
 # -- the world's catalogue ---------------------------------------------------------------------
 
@@ -365,8 +365,7 @@ class Household(TextEnv):
         return self._observe(welcome), self._info(False)
 
     def step(self, action: Any):
-        norm = normalize_action(action)
-        command = self._admissible.get(norm) if (norm is not None and not self._done) else None
+        command = self._admitted(action)
         if command is None:
             return self._invalid()
         self._steps += 1

@@ -170,8 +170,7 @@ class TextWorld(TextEnv):
         return self._observe(clean_feedback(state.feedback)), self._info(False)
 
     def step(self, action: Any):
-        norm = normalize_action(action)
-        command = self._admissible.get(norm) if (norm is not None and not self._done) else None
+        command = self._admitted(action)
         if command is None:
             return self._invalid()
         self._steps += 1
