@@ -75,11 +75,21 @@ def write_report(results: dict[str, list[dict]], args) -> float:
     print("\n".join(lines))
     panels = []
     for tag, title in [("val/success_rate", "valid_seen"), ("val_unseen/success_rate", "valid_unseen")]:
-        curves = {a: [[(r["env_steps"].get(step, float("nan")), v) for step, v in sorted(r["val"].get(tag, {}).items())]
+        curves = {a: [[(r["env_steps"].get(step, float("nan")), v) for step, v in _regular(r["val"].get(tag, {}))]
                       for r in results[a]] for a in algs}
         panels.append((f"{title} success (mean ± std, {len(args.seeds)} seeds)", "environment steps", curves))
     plot_curves(args.out + ".png", panels)
     return worst
+
+
+def _regular(points: dict) -> list:
+    """Validation points every 10 iterations plus the one at the budget's stop; a scheduled point
+    that falls just before the stop (e.g. 20 when the budget ends at 21) is left out, so every
+    seed's curve has the same points and ends at its final value."""
+    items = sorted(points.items())
+    if len(items) >= 2 and items[-1][0] - items[-2][0] < 5:
+        items.pop(-2)
+    return items
 
 
 def main() -> None:
