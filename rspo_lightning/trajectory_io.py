@@ -254,7 +254,8 @@ def _json_arg(text: str | None, name: str) -> dict | None:
     return value
 
 
-def _expert_command(args: argparse.Namespace) -> None:
+def _setup(args: argparse.Namespace):
+    """Env, rollout settings, policy and task range shared by the ``expert`` and ``rollouts`` commands."""
     from rspo_lightning.envs import make_env
     from rspo_lightning.policy import TinyModelConfig, load_policy
     from rspo_lightning.prompts import template_texts
@@ -273,6 +274,9 @@ def _expert_command(args: argparse.Namespace) -> None:
     source = args.policy_source or _dig(run, "model", "policy", "source", default="tiny")
 
     env = make_env(env_id, **env_kwargs)
+    if source == "tiny" and args.command == "rollouts":
+        raise SystemExit("rollouts need a trained policy: --policy-source <HF dir> (e.g. an SFT fit's <log_dir>/hf), "
+                         "a .gguf path or smollm2")
     if source == "tiny":
         if not args.save_policy:
             raise SystemExit("--policy-source tiny builds a new word-level tokenizer; pass --save-policy DIR so SFT and RL "
@@ -291,6 +295,11 @@ def _expert_command(args: argparse.Namespace) -> None:
     last = min(total, args.start_task + args.num_tasks)
     if args.start_task >= total:
         raise SystemExit(f"--start-task {args.start_task} is past the {total} tasks of split {split!r}")
+    return env_id, env_kwargs, rollout, model, tokenizer, split, last
+
+
+def _expert_command(args: argparse.Namespace) -> None:
+    env_id, env_kwargs, rollout, model, tokenizer, split, last = _setup(args)
     trajs = expert_demonstrations(env_id, env_kwargs, split, range(args.start_task, last), tokenizer=tokenizer, rollout=rollout)
     n = save_trajectories(args.out, trajs, tokenizer if args.with_text else None, append=args.append)
     turns = sum(len(t.turns) for t in trajs)
@@ -301,10 +310,26 @@ def _expert_command(args: argparse.Namespace) -> None:
         print(f"policy + tokenizer in {args.save_policy}: set model.policy.source: {args.save_policy}")
 
 
+def _rollouts_command(args: argparse.Namespace) -> None:
+    """Episodes of a trained policy (e.g. for the SPA-RL process reward model), as JSONL."""
+    from rspo_lightning.rollout import RolloutEngine
+
+    env_id, env_kwargs, rollout, model, tokenizer, split, last = _setup(args)
+    torch.manual_seed(args.seed)
+    engine = RolloutEngine(model, tokenizer, rollout, env_kwargs)
+    tasks = [TaskSpec(env_id, split, t, group_id=t) for t in range(args.start_task, last)]
+    trajs = engine.collect(tasks, args.group_size, temperature=args.temperature)
+    trajs = [t for t in trajs if t.env_error is None]
+    n = save_trajectories(args.out, trajs, tokenizer if args.with_text else None, append=args.append)
+    won = sum(t.success for t in trajs)
+    print(f"wrote {n} rollouts ({sum(len(t.turns) for t in trajs)} turns, {won} won) of {env_id} {split} tasks "
+          f"{args.start_task}..{last - 1} x {args.group_size} to {args.out}")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rspo_lightning.trajectory_io", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("expert", help="write expert demonstrations of an embedded env as JSONL")
+    p = argparse.ArgumentParser(add_help=False)  # the options both commands share
     p.add_argument("--config", help="an rspo-lightning fit YAML: data.env, model.rollout and model.policy.tiny are read "
                                      "from it (the flags below override)")
     p.add_argument("--env-id", help="gymnasium id (default: the config's, else rspo/Household-v0)")
@@ -321,6 +346,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--gguf-file", help="GGUF file name inside --policy-source")
     p.add_argument("--save-policy", help="directory to save the policy + tokenizer in (required for tiny)")
     p.add_argument("--with-text", action="store_true", help="also store decoded prompt/response text per turn")
+    sub.add_parser("expert", parents=[p], help="write expert demonstrations of an embedded env as JSONL")
+    r = sub.add_parser("rollouts", parents=[p], help="write episodes played by a trained policy as JSONL")
+    r.add_argument("--group-size", type=int, default=1, help="episodes per task")
+    r.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    r.add_argument("--seed", type=int, default=0, help="sampling seed")
     args = parser.parse_args(argv)
     if args.num_tasks < 1:
         parser.error(f"--num-tasks must be >= 1, got {args.num_tasks}")
@@ -328,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--start-task must be >= 0, got {args.start_task}")
     if args.command == "expert":
         _expert_command(args)
+    else:
+        _rollouts_command(args)
 
 
 if __name__ == "__main__":

@@ -233,3 +233,19 @@ def test_sft_fit_lowers_loss_and_wins_more(demo_dir, tmp_path):
     reloaded, _ = load_policy(str(tmp_path / "hf"))
     for (name, p), q in zip(module.policy.state_dict().items(), reloaded.state_dict().values()):
         assert torch.equal(p.cpu(), q), name
+
+
+def test_rollouts_command_writes_a_trained_policys_episodes(demo_dir, tmp_path):
+    out = tmp_path / "rollouts.jsonl"
+    main(["rollouts", "--env-id", ENV_ID, "--env-kwargs", json.dumps(EASY), "--rollout", json.dumps(ROLLOUT),
+          "--split", "valid_seen", "--num-tasks", "3", "--group-size", "2", "--out", str(out),
+          "--policy-source", str(demo_dir / "policy")])
+    trajs = load_trajectories(str(out))
+    assert len(trajs) == 6 and [t.task.task_id for t in trajs] == [0, 0, 1, 1, 2, 2]
+    assert all(t.turns and t.task.split == "valid_seen" for t in trajs)
+    # stored ids are the policy's own: its tokenizer decodes every response to an <action> tag
+    _, tok = load_policy(str(demo_dir / "policy"))
+    assert all(parse_response(tok.decode(turn.response_ids, skip_special_tokens=True)).valid
+               for t in trajs for turn in t.turns)
+    with pytest.raises(SystemExit, match="rollouts need a trained policy"):
+        main(["rollouts", "--env-id", ENV_ID, "--out", str(out), "--policy-source", "tiny"])
