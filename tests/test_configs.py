@@ -9,7 +9,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(
     [os.path.join(ROOT, "configs", "quickstart.yaml")]
     + glob.glob(os.path.join(ROOT, "configs", "compare", "*.yaml"))
-    + [p for p in glob.glob(os.path.join(ROOT, "configs", "household", "*.yaml")) if not p.endswith(("sft.yaml", "prm.yaml"))]
+    + [p for p in glob.glob(os.path.join(ROOT, "configs", "household", "*.yaml")) if not p.endswith(("sft.yaml", "prm.yaml", "_from_sft.yaml"))]
 )
 
 

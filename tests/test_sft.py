@@ -249,3 +249,24 @@ def test_rollouts_command_writes_a_trained_policys_episodes(demo_dir, tmp_path):
                for t in trajs for turn in t.turns)
     with pytest.raises(SystemExit, match="rollouts need a trained policy"):
         main(["rollouts", "--env-id", ENV_ID, "--out", str(out), "--policy-source", "tiny"])
+
+
+def test_rl_config_from_sft_uses_the_sft_model_as_policy_and_reference(demo_dir, tmp_path):
+    import os
+
+    from rspo_lightning.cli import AgentCLI
+    from rspo_lightning.datamodules import AgentDataModule
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cli = AgentCLI(AgentRLModule, AgentDataModule, run=False, auto_configure_optimizers=False,
+                   args=["--config", os.path.join(root, "configs", "household", "grpo_from_sft.yaml"),
+                         "--model.policy.source", str(demo_dir / "policy"), "--trainer.logger.init_args.save_dir", str(tmp_path)])
+    m = cli.model
+    m.env_cfg = cli.datamodule.env  # what the Trainer's datamodule hands over in fit
+    m.configure_model()
+    sft, _ = load_policy(str(demo_dir / "policy"))
+    for (name, p), q in zip(m.policy.named_parameters(), sft.parameters()):
+        assert torch.equal(p, q), name
+    with m.reference_model() as ref:
+        assert ref is not m.policy and all(not p.requires_grad for p in ref.parameters())
+        assert all(torch.equal(p, q) for p, q in zip(ref.parameters(), sft.parameters()))
