@@ -355,6 +355,11 @@ class AgentRLModule(pl.LightningModule):
         self.last_trajectories = trajectories
         replay = [t for group in batch.replay for t in group]
         all_trajs = trajectories + replay
+        if not all_trajs:  # every episode lost to environment faults: nothing to train on
+            self.iteration += 1
+            self.log_dict({"rollout/env_errors": float(self.engine.env_errors), "rollout/episodes_dropped": float(self.episodes_dropped),
+                           "rollout/env_steps": float(self.env_steps), "step": float(self.iteration)}, on_step=True)
+            return
 
         t1 = time.perf_counter()
         flat = flatten(all_trajs, batch.reward_mode)

@@ -84,3 +84,21 @@ def test_bad_fault_arguments():
         FaultyEnv(modes=["explode"])
     with pytest.raises(ValueError, match="env_timeout_s"):
         RolloutConfig(env_timeout_s=0)
+
+
+def test_an_iteration_whose_every_episode_faults_trains_nothing_and_goes_on():
+    import lightning.pytorch as pl
+
+    from rspo_lightning.config import EnvConfig, PolicyConfig
+    from rspo_lightning.datamodules import AgentDataModule
+    from rspo_lightning.module import AgentRLModule
+    from rspo_lightning.policy import TinyModelConfig
+
+    env = EnvConfig(env_id="rspo/Faulty-v0", kwargs={"inner_id": "rspo/Household-v0", "inner_kwargs": INNER,
+                                                     "fault_rate": 0.0, "modes": ["raise"], "fault_at_step": 0})
+    m = AgentRLModule(policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64)),
+                      env=env, rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt=""))
+    dm = AgentDataModule(env=env, groups_per_iteration=2, group_size=2, iterations_per_epoch=2, val_splits=[])
+    pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False, num_sanity_val_steps=0).fit(m, dm)
+    assert m.iteration == 2 and m.episodes_dropped == 8 and m.engine.env_errors == 8
