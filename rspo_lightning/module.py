@@ -343,9 +343,7 @@ class AgentRLModule(pl.LightningModule):
 
     def training_step(self, batch: IterationBatch, batch_idx: int) -> None:
         if not batch.tasks and not batch.replay:  # nothing to play or train (e.g. RSPO's collect iteration)
-            self.iteration += 1
-            self.log_dict({"rollout/env_steps": float(self.env_steps), "step": float(self.iteration)}, on_step=True)
-            return
+            return self._skip_iteration()
         t0 = time.perf_counter()
         gen_tokens0 = self.engine.stats["generated_tokens"]
         dense = batch.reward_mode == "dense" or self.algo.estimator == "a2tgpo"
@@ -356,10 +354,7 @@ class AgentRLModule(pl.LightningModule):
         replay = [t for group in batch.replay for t in group]
         all_trajs = trajectories + replay
         if not all_trajs:  # every episode lost to environment faults: nothing to train on
-            self.iteration += 1
-            self.log_dict({"rollout/env_errors": float(self.engine.env_errors), "rollout/episodes_dropped": float(self.episodes_dropped),
-                           "rollout/env_steps": float(self.env_steps), "step": float(self.iteration)}, on_step=True)
-            return
+            return self._skip_iteration()
 
         t1 = time.perf_counter()
         flat = flatten(all_trajs, batch.reward_mode)
@@ -408,6 +403,12 @@ class AgentRLModule(pl.LightningModule):
             "step": float(self.iteration),  # Lightning's x-axis key: curves are plotted per RL iteration
         }, on_step=True)
         self.log("it", float(self.iteration), prog_bar=True, on_step=True, logger=False)
+
+    def _skip_iteration(self) -> None:
+        """Count an iteration that trained nothing and log its counters."""
+        self.iteration += 1
+        self.log_dict({"rollout/env_errors": float(self.engine.env_errors), "rollout/episodes_dropped": float(self.episodes_dropped),
+                       "rollout/env_steps": float(self.env_steps), "step": float(self.iteration)}, on_step=True)
 
     def _all_ranks_sum(self, value: int) -> int:
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -485,10 +486,10 @@ class AgentRLModule(pl.LightningModule):
         dev = self.device
         shared_critic = self.value_head is not None
         swap = algo.swap
-        logprobs, entropy, values, state = self.sequence_logprobs(
-            self.policy, mb, self.rollout_cfg.temperature, with_entropy=True, with_values=shared_critic,
-            with_state=True) if swap.coef > 0 else (*self.sequence_logprobs(
-                self.policy, mb, self.rollout_cfg.temperature, with_entropy=True, with_values=shared_critic), None)
+        out = self.sequence_logprobs(self.policy, mb, self.rollout_cfg.temperature, with_entropy=True,
+                                     with_values=shared_critic, with_state=swap.coef > 0)
+        logprobs, entropy, values = out[:3]
+        state = out[3] if swap.coef > 0 else None
         mask = mb.response_mask.to(dev)
         eps_scale = mb.clip_eps.to(dev)
         pg_loss, st = losses.clipped_surrogate(
