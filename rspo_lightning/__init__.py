@@ -1,14 +1,20 @@
 """rspo_lightning: multi-turn LLM-agent RL (RSPO, GiGPO, GRPO, PPO, ...) on PyTorch Lightning."""
 
 import rspo_lightning.envs  # noqa: F401  (registers the rspo/* gymnasium ids)
-from rspo_lightning.types import IterationBatch, TaskSpec, TrainBatch, Trajectory, Turn
 
 __version__ = "0.1.0"
 
 __all__ = ["AgentRLModule", "AgentDataModule", "SFTModule", "ProcessRewardModule", "TaskSpec", "Turn", "Trajectory", "TrainBatch", "IterationBatch"]
 
 
-def __getattr__(name):  # lazy: importing the package must not import Lightning/transformers
+_TYPES = {"IterationBatch", "TaskSpec", "TrainBatch", "Trajectory", "Turn"}
+
+
+def __getattr__(name):  # lazy: importing the package (e.g. in an env worker process) imports neither torch nor Lightning
+    if name in _TYPES:
+        import rspo_lightning.types
+
+        return getattr(rspo_lightning.types, name)
     if name == "AgentRLModule":
         from rspo_lightning.module import AgentRLModule
 

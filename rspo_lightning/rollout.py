@@ -9,19 +9,17 @@ training forward reproduces them (tests/test_rollout.py checks 1e-4).
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
-import math
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from rspo_lightning.batching import left_pad
-from rspo_lightning.envs import make_env
+from rspo_lightning.envs.pool import EnvFault, EnvPool
 from rspo_lightning.parsing import parse_response
 from rspo_lightning.prompts import ACTION_CLOSE, HistoryEntry, action_response_ids, build_turn_prompt
 from rspo_lightning.types import TaskSpec, Trajectory, Turn
@@ -50,6 +48,9 @@ class RolloutConfig:
         env_timeout_s: an ``env.reset``/``env.step`` call that takes longer is a fault (the episode
             is dropped, the env rebuilt; the stuck call's thread is abandoned). None = no timeout
             (calls then run in the rollout thread, without the ~20 µs thread hand-off).
+        env_workers: 0 = environments run in this process (right for the embedded envs);
+            W > 0 = in W worker processes, stepped in parallel (slow real envs such as ALFWorld,
+            and envs that may crash their process: a dead worker costs only its envs' episodes).
     """
 
     max_new_tokens: int = 64
@@ -64,8 +65,11 @@ class RolloutConfig:
     system_prompt: str = "You are a helpful assistant."
     generation_batch_size: int | None = None
     env_timeout_s: float | None = 60.0
+    env_workers: int = 0
 
     def __post_init__(self) -> None:
+        if self.env_workers < 0:
+            raise ValueError(f"rollout.env_workers must be >= 0 (0 = environments in the trainer process), got {self.env_workers}")
         if self.env_timeout_s is not None and not self.env_timeout_s > 0:
             raise ValueError(f"rollout.env_timeout_s must be > 0 or null (no timeout), got {self.env_timeout_s}")
         if self.temperature <= 0:
@@ -148,38 +152,13 @@ class StopRecorder(StoppingCriteria):
 @dataclass
 class _Episode:
     task: TaskSpec
-    env: object
+    pool: EnvPool
+    index: int  # of its env in the pool
     traj: Trajectory
     observation: str
     info: dict
     history: list[HistoryEntry]
     done: bool = False
-
-
-class EnvFault(Exception):
-    """An environment call raised, timed out, or returned values of the wrong types."""
-
-
-def _check_reset(out) -> tuple[str, dict]:
-    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], str) and isinstance(out[1], dict)):
-        raise EnvFault(f"reset returned {_short(out)}, expected (str, dict)")
-    return out
-
-
-def _check_step(out) -> tuple:
-    ok = isinstance(out, tuple) and len(out) == 5
-    if ok:
-        obs, reward, terminated, truncated, info = out
-        ok = (isinstance(obs, str) and isinstance(reward, (int, float)) and math.isfinite(float(reward))
-              and isinstance(terminated, (bool, int)) and isinstance(truncated, (bool, int)) and isinstance(info, dict))
-    if not ok:
-        raise EnvFault(f"step returned {_short(out)}, expected (str, finite number, bool, bool, dict)")
-    return out
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "..."
 
 
 class RolloutEngine:
@@ -190,6 +169,12 @@ class RolloutEngine:
         tokenizer: its tokenizer (needs a chat template and a pad token).
         config: rollout settings.
         env_kwargs: keyword arguments for ``gymnasium.make`` of each task's env id.
+
+    Under multi-process training the module sets ``lockstep`` (given this rank's number of
+    ``generate`` calls for a turn, returns the maximum over ranks) and, for sharded policies,
+    ``synced_gpus``: every rank then makes the same number of ``generate`` calls per turn (dummy
+    ones when it has fewer or no active episodes) and the same number of turns, so sharded
+    forwards never wait on a rank that has finished.
     """
 
     def __init__(self, model, tokenizer, config: RolloutConfig, env_kwargs: dict | None = None):
@@ -197,66 +182,47 @@ class RolloutEngine:
         self.tokenizer = tokenizer
         self.config = config
         self.env_kwargs = dict(env_kwargs or {})
-        self._envs: dict[str, list] = {}
+        self.pools: dict[str, EnvPool] = {}
         self._trie_cache: dict[tuple[str, ...], ActionTrie] = {}
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self.env_errors = 0  # faulty env calls so far (their episodes were dropped)
+        self.lockstep: Callable[[int], int] | None = None
+        self.synced_gpus = False
         eos = tokenizer.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
-        self.stats = {"generated_tokens": 0, "generate_s": 0.0}
+        self.stats = {"generated_tokens": 0, "generate_s": 0.0, "env_s": 0.0}
         context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         # Prompts longer than this are shrunk (history first, then the observation's middle).
         self.max_prompt_tokens = context - config.max_new_tokens if context else None
 
     # -- environments -------------------------------------------------------------------
     def set_env_kwargs(self, env_kwargs: dict) -> None:
-        """Use new ``gymnasium.make`` kwargs from the next ``collect`` on (the pool is rebuilt)."""
+        """Use new ``gymnasium.make`` kwargs from the next ``collect`` on (the pools are rebuilt)."""
         self.env_kwargs = dict(env_kwargs)
-        self._envs.clear()
+        self.close()
 
-    def _env_pool(self, env_id: str, n: int) -> list:
-        pool = self._envs.setdefault(env_id, [])
-        while len(pool) < n:
-            pool.append(make_env(env_id, **self.env_kwargs))
-        return pool[:n]
+    def close(self) -> None:
+        """Close every environment (and worker process); the next ``collect`` builds new ones."""
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()
 
-    def _env_call(self, fn, *args, **kwargs):
-        """``fn(*args, **kwargs)`` with the configured timeout; any exception becomes EnvFault."""
-        timeout = self.config.env_timeout_s
-        try:
-            if timeout is None:
-                return fn(*args, **kwargs)
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="env")
-            future = self._executor.submit(fn, *args, **kwargs)
-            try:
-                return future.result(timeout=timeout)
-            except concurrent.futures.TimeoutError:
-                # the stuck call keeps its thread: leave that executor behind, start a fresh one
-                self._executor.shutdown(wait=False, cancel_futures=True)
-                self._executor = None
-                raise EnvFault(f"timed out after {timeout} s") from None
-        except EnvFault:
-            raise
-        except Exception as exc:  # noqa: BLE001 - an env fault of any kind costs only its episode
-            raise EnvFault(f"{type(exc).__name__}: {exc}") from exc
+    def _pool(self, env_id: str, n: int) -> EnvPool:
+        pool = self.pools.get(env_id)
+        if pool is None:
+            pool = self.pools[env_id] = EnvPool(env_id, self.env_kwargs, num_workers=self.config.env_workers,
+                                                timeout_s=self.config.env_timeout_s)
+        pool.ensure(n)
+        return pool
 
     def _fault(self, ep: _Episode, message: str) -> None:
-        """Drop ``ep`` (marked ``env_error``) and take its env out of the pool (rebuilt on demand)."""
+        """Drop ``ep``: marked ``env_error`` (the pool has already rebuilt its env)."""
         self.env_errors += 1
         ep.done = True
         ep.traj.env_error = message
         if self.env_errors <= 10 or self.env_errors % 100 == 0:  # the first ten, then every 100th
             log.warning("environment fault #%d in %s (task %s, turn %d): %s; the episode is dropped and the env rebuilt",
                         self.env_errors, ep.task.env_id, ep.task.task_id, len(ep.traj.turns), message)
-        pool = self._envs.get(ep.task.env_id, [])
-        if ep.env in pool:
-            pool.remove(ep.env)
-        try:
-            ep.env.close()
-        except Exception:  # noqa: BLE001 - a broken env may fail to close too
-            pass
 
     def _trie(self, admissible: Sequence[str]) -> ActionTrie:
         key = tuple(admissible)
@@ -295,37 +261,45 @@ class RolloutEngine:
         by_env: dict[str, int] = {}
         for t in tasks:
             by_env[t.env_id] = by_env.get(t.env_id, 0) + group_size
-        pools = {eid: iter(self._env_pool(eid, n)) for eid, n in by_env.items()}
+        pools = {eid: self._pool(eid, n) for eid, n in by_env.items()}
+        next_index = dict.fromkeys(by_env, 0)
 
         episodes: list[_Episode] = []
         for task in tasks:
             for _ in range(group_size):
-                env = next(pools[task.env_id])
-                try:
-                    obs, info = _check_reset(self._env_call(env.reset, options={"split": task.split, "task_id": task.task_id}))
-                except EnvFault as fault:
-                    ep = _Episode(task, env, Trajectory(task=task, policy_tag=policy_tag, iteration=iteration), "", {}, [])
-                    self._fault(ep, f"reset: {fault}")
-                    episodes.append(ep)
+                index = next_index[task.env_id]
+                next_index[task.env_id] += 1
+                traj = Trajectory(task=task, policy_tag=policy_tag, iteration=iteration)
+                episodes.append(_Episode(task, pools[task.env_id], index, traj, "", {}, []))
+        t_env = time.perf_counter()
+        for eid, pool in pools.items():
+            mine = [ep for ep in episodes if ep.task.env_id == eid]
+            results = pool.reset([(ep.index, {"split": ep.task.split, "task_id": ep.task.task_id}) for ep in mine])
+            for ep, result in zip(mine, results):
+                if isinstance(result, EnvFault):
+                    self._fault(ep, str(result))
                     continue
-                traj = Trajectory(task=task, task_type=str(info.get("task_type", "")), policy_tag=policy_tag, iteration=iteration,
-                                  initial_progress=float(info.get("progress", 0.0)))
-                episodes.append(_Episode(task, env, traj, obs, info, []))
+                ep.observation, ep.info = result
+                ep.traj.task_type = str(ep.info.get("task_type", ""))
+                ep.traj.initial_progress = float(ep.info.get("progress", 0.0))
+        self.stats["env_s"] += time.perf_counter() - t_env
 
         was_training = self.model.training
         self.model.eval()
         try:
-            turn = 0
             while True:
                 active = [ep for ep in episodes if not ep.done]
+                chunk = cfg.generation_batch_size or max(len(active), 1)
+                calls = -(-len(active) // chunk)
+                if self.lockstep is not None:  # every rank makes as many generate calls as the busiest one
+                    calls_everywhere = self.lockstep(calls)
+                    for _ in range(calls_everywhere - calls):
+                        self._dummy_generate()
                 if not active:
                     break
-                chunk = cfg.generation_batch_size or len(active)
-                for start in range(0, len(active), chunk):
-                    self._play_turn(active[start:start + chunk], temp, greedy)
-                turn += 1
+                self._play_turn(active, [active[s:s + chunk] for s in range(0, len(active), chunk)], temp, greedy)
                 for ep in active:
-                    max_turns = cfg.max_turns or getattr(ep.env.unwrapped, "max_steps", None)
+                    max_turns = cfg.max_turns or ep.pool.max_steps[ep.index]
                     if max_turns is not None and len(ep.traj.turns) >= max_turns and not ep.done:
                         ep.done = True
                         ep.traj.truncated = True
@@ -334,50 +308,71 @@ class RolloutEngine:
                 self.model.train()
         return [ep.traj for ep in episodes]
 
-    def _play_turn(self, active: list[_Episode], temperature: float, greedy: bool) -> None:
+    def _play_turn(self, active: list[_Episode], chunks: list[list[_Episode]], temperature: float, greedy: bool) -> None:
+        """One turn of every active episode: generate (one call per chunk), parse, step the envs."""
         cfg = self.config
         tok = self.tokenizer
-        prompts = [
-            build_turn_prompt(tok, cfg, ep.info, ep.observation, ep.history, len(ep.traj.turns), self.max_prompt_tokens)
-            for ep in active
-        ]
-        responses, logprobs, allowed = self.generate(
-            prompts, temperature, greedy, [ep.info.get("admissible_actions") for ep in active]
-        )
-        for ep, prompt, resp, lp, allow in zip(active, prompts, responses, logprobs, allowed):
+        prompts, responses, logprobs, allowed = [], [], [], []
+        for part in chunks:
+            part_prompts = [
+                build_turn_prompt(tok, cfg, ep.info, ep.observation, ep.history, len(ep.traj.turns), self.max_prompt_tokens)
+                for ep in part
+            ]
+            r, lp, al = self.generate(part_prompts, temperature, greedy, [ep.info.get("admissible_actions") for ep in part])
+            prompts += part_prompts
+            responses += r
+            logprobs += lp
+            allowed += al
+        parsed = []
+        for ep, resp in zip(active, responses):
             text = tok.decode(resp, skip_special_tokens=True)
-            admissible = ep.info.get("admissible_actions")
-            parsed = parse_response(
-                text, admissible, require_admissible=cfg.require_admissible, require_think=cfg.require_think
-            )
-            try:
-                obs, reward, terminated, truncated, info = _check_step(self._env_call(ep.env.step, parsed.action if parsed.valid else ""))
-            except EnvFault as fault:
-                self._fault(ep, f"step: {fault}")
+            parsed.append((text, parse_response(text, ep.info.get("admissible_actions"), require_admissible=cfg.require_admissible,
+                                                require_think=cfg.require_think)))
+        t_env = time.perf_counter()
+        results: dict[int, object] = {}
+        for pool in {id(ep.pool): ep.pool for ep in active}.values():
+            mine = [k for k, ep in enumerate(active) if ep.pool is pool]
+            stepped = pool.step([(active[k].index, parsed[k][1].action if parsed[k][1].valid else "") for k in mine])
+            results.update(zip(mine, stepped))
+        self.stats["env_s"] += time.perf_counter() - t_env
+        for k, ep in enumerate(active):
+            result = results[k]
+            if isinstance(result, EnvFault):
+                self._fault(ep, str(result))
                 continue
-            valid = parsed.valid and not bool(info.get("invalid", False))
+            obs, reward, terminated, truncated, info = result
+            text, action = parsed[k]
+            valid = action.valid and not bool(info.get("invalid", False))
             ep.traj.turns.append(
                 Turn(
-                    prompt_ids=torch.tensor(prompt, dtype=torch.long),
-                    response_ids=resp,
-                    behaviour_logprobs=lp,
-                    action=parsed.action,
+                    prompt_ids=torch.tensor(prompts[k], dtype=torch.long),
+                    response_ids=responses[k],
+                    behaviour_logprobs=logprobs[k],
+                    action=action.action,
                     valid=valid,
                     observation=ep.observation,
                     anchor=str(ep.info.get("anchor", ep.observation)),
                     outcome_reward=float(reward),
                     privileged=ep.info.get("privileged"),
-                    allowed_ids=allow,
+                    allowed_ids=allowed[k],
                     progress=float(info.get("progress", 0.0)),
                 )
             )
-            ep.history.append(HistoryEntry(ep.observation, parsed.action if parsed.valid else text[:200]))
+            ep.history.append(HistoryEntry(ep.observation, action.action if action.valid else text[:200]))
             ep.observation, ep.info = obs, info
             if terminated or truncated:
                 ep.done = True
                 ep.traj.truncated = bool(truncated and not terminated)
             ep.traj.success = bool(info.get("won", False))
             ep.traj.score = float(info.get("score", 0.0))
+
+    def _dummy_generate(self) -> None:
+        """A generate call on a one-token prompt that only keeps this rank's forwards in step with the others."""
+        device = next(self.model.parameters()).device
+        prompt = torch.tensor([[self.pad_id]], device=device)
+        self.model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                            max_new_tokens=self.config.max_new_tokens,
+                            pad_token_id=self.pad_id, synced_gpus=self.synced_gpus, use_cache=True)
 
     def generate(
         self,
@@ -413,6 +408,7 @@ class RolloutEngine:
             stopping_criteria=StoppingCriteriaList([recorder]),
             pad_token_id=self.pad_id,
             eos_token_id=sorted(self.eos_ids),
+            synced_gpus=self.synced_gpus,
             return_dict_in_generate=True,
             output_scores=True,
             use_cache=True,

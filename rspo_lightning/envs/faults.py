@@ -6,7 +6,9 @@ wraps the inner env; every ``step`` (and ``reset`` when ``on_reset``) faults wit
 
 - ``raise``: raises RuntimeError;
 - ``hang``: sleeps ``hang_s`` seconds, then answers normally (a rollout timeout must cut it);
-- ``garbage``: returns values of the wrong types (``(None, "x", 3, [], 7)``).
+- ``garbage``: returns values of the wrong types (``(None, "x", 3, [], 7)``);
+- ``die``: ends the whole process at once (``os._exit``), as a segfaulting env would; allowed
+  only inside an EnvPool worker process (``rollout.env_workers > 0``), never in the trainer.
 
 Faults draw from their own seeded RNG, so a run's fault pattern is reproducible. ``faults``
 counts what was injected, by mode.
@@ -15,6 +17,7 @@ counts what was injected, by mode.
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import time
 from typing import Any
@@ -22,8 +25,9 @@ from typing import Any
 import gymnasium
 
 from rspo_lightning.envs.base import make_env
+from rspo_lightning.envs.pool import WORKER_ENV_VAR
 
-MODES = ("raise", "hang", "garbage")
+MODES = ("raise", "hang", "garbage", "die")
 
 
 class FaultyEnv(gymnasium.Wrapper):
@@ -34,7 +38,7 @@ class FaultyEnv(gymnasium.Wrapper):
         inner_id: the inner environment id.
         inner_kwargs: its ``gymnasium.make`` keyword arguments.
         fault_rate: probability that a call faults.
-        modes: fault kinds drawn uniformly: raise, hang, garbage.
+        modes: fault kinds drawn uniformly: raise, hang, garbage (default), die (worker processes only).
         fault_at_step: fault deterministically at this step of every episode (0-based), in addition.
         hang_s: how long a hang lasts.
         on_reset: also fault in ``reset``.
@@ -45,11 +49,14 @@ class FaultyEnv(gymnasium.Wrapper):
     injected_total = {m: 0 for m in MODES}  # over every instance of the process (soak reports)
 
     def __init__(self, inner_id: str = "rspo/Household-v0", inner_kwargs: dict | None = None, fault_rate: float = 0.05,
-                 modes: list[str] = list(MODES), fault_at_step: int | None = None, hang_s: float = 2.0,
+                 modes: list[str] = ["raise", "hang", "garbage"], fault_at_step: int | None = None, hang_s: float = 2.0,
                  on_reset: bool = False, seed: int = 0):
         bad = [m for m in modes if m not in MODES]
         if bad or not modes:
             raise ValueError(f"FaultyEnv modes must be a non-empty subset of {MODES}, got {modes}")
+        if "die" in modes and not os.environ.get(WORKER_ENV_VAR):
+            raise ValueError("FaultyEnv mode 'die' ends the process it runs in: use it only with environments in "
+                             "worker processes (rollout.env_workers > 0)")
         if not 0 <= fault_rate <= 1:
             raise ValueError(f"FaultyEnv fault_rate must be in [0, 1], got {fault_rate}")
         super().__init__(make_env(inner_id, **(inner_kwargs or {})))
@@ -75,6 +82,8 @@ class FaultyEnv(gymnasium.Wrapper):
             time.sleep(self.hang_s)
         if mode == "garbage":
             return (None, "x", 3, [], 7)
+        if mode == "die":
+            os._exit(17)
         return call(*args, **kwargs)
 
     def reset(self, **kwargs):

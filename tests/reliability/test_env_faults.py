@@ -33,14 +33,14 @@ def test_a_fault_at_step_k_drops_only_that_episode_and_rebuilds_the_env(tiny_pol
     assert long and all(len(t.turns) == 2 for t in long)
     assert all(("RuntimeError" in t.env_error) if mode == "raise" else ("expected (str" in t.env_error) for t in long)
     assert eng.env_errors == len(long)
-    # the faulty envs left the pool; the next collect builds fresh ones for the missing places
-    pool = eng._envs["rspo/Faulty-v0"]
-    assert len(pool) == 4 - len(long)
-    survivors = list(pool)
+    # each faulty env was rebuilt in place: a fresh object at its index, the others kept
+    pool = eng.pools["rspo/Faulty-v0"]
+    assert len(pool) == 4 and pool.rebuilds == len(long)
+    before = dict(pool._local.envs)
     again = eng.collect(_tasks(2), 2)
-    assert len(again) == 4 and all(e in eng._envs["rspo/Faulty-v0"] or e not in survivors for e in survivors)
-    assert eng.env_errors == len(long) + sum(t.env_error is not None for t in again)
-
+    faulted = sum(t.env_error is not None for t in again)
+    assert len(again) == 4 and eng.env_errors == len(long) + faulted
+    assert sum(pool._local.envs[i] is not before[i] for i in range(4)) == faulted
 
 def test_a_hang_past_the_timeout_is_cut(tiny_policy):
     eng = _engine(tiny_policy, {"fault_rate": 0.0, "modes": ["hang"], "fault_at_step": 0, "hang_s": 3.0}, timeout=0.3)
