@@ -8,6 +8,11 @@ played / lost, faults injected by kind, skipped optimizer steps, and final valid
 (validation episodes fault too; their faulty ones are not counted).
 
     python benchmarks/soak.py --iterations 200 --fault-rate 0.05
+    python benchmarks/soak.py --iterations 40 --fault-rate 0.01 --env-workers 2 --modes raise hang garbage die
+
+With ``--env-workers`` the envs run in worker processes and ``die`` (an env ending its process)
+becomes possible; faults are then injected inside the workers and counted there, so the table
+shows the errors caught and the worker restarts instead of the injected counts.
 
 The last line is ``soak_completed: <iterations completed>/<iterations asked>``.
 """
@@ -36,14 +41,14 @@ def run(args, fault_rate: float) -> dict:
     torch.manual_seed(args.seed)
     env = EnvConfig(env_id="rspo/Faulty-v0", kwargs={
         "inner_id": "rspo/Household-v0", "inner_kwargs": INNER, "fault_rate": fault_rate, "on_reset": True,
-        "modes": ["raise", "hang", "garbage"], "hang_s": args.hang_s, "seed": args.seed})
+        "modes": args.modes, "hang_s": args.hang_s, "seed": args.seed})
     module = AgentRLModule(
         policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128)),
         algorithm=AlgorithmConfig(estimator="grpo", ppo_epochs=1, minibatch_size=64, recompute_old_logprobs=False,
                                   drop_zero_advantage=True),
         optim=OptimConfig(lr=2e-3),
         rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=12, template="compact", system_prompt="",
-                              env_timeout_s=args.timeout_s),
+                              env_timeout_s=args.timeout_s, env_workers=args.env_workers),
         seed=args.seed,
     )
     dm = AgentDataModule(env=env, groups_per_iteration=args.groups, group_size=args.group_size,
@@ -62,6 +67,7 @@ def run(args, fault_rate: float) -> dict:
         "env_errors": module.engine.env_errors,
         "injected": injected,
         "skipped_steps": module.skipped_steps,
+        "worker_restarts": sum(pool.worker_restarts for pool in module.engine.pools.values()),
         "val_start": module.initial_val_metrics.get("val/success_rate", float("nan")),
         "val_end": float(trainer.callback_metrics.get("val/success_rate", float("nan"))),
         "wall_s": time.time() - t0,
@@ -79,6 +85,8 @@ def main() -> None:
     p.add_argument("--timeout-s", type=float, default=0.25, help="rollout.env_timeout_s")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--env-workers", type=int, default=0, help="rollout.env_workers (0 = envs in the trainer process)")
+    p.add_argument("--modes", nargs="+", default=["raise", "hang", "garbage"], help="fault kinds (die needs --env-workers)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -86,12 +94,14 @@ def main() -> None:
     faulty = run(args, args.fault_rate)
     print(f"\n{args.iterations} iterations x {args.groups} groups x {args.group_size} episodes, fault rate {args.fault_rate} "
           f"of env steps and resets (raise / hang {args.hang_s} s vs timeout {args.timeout_s} s / garbage)\n")
-    print("| run | iterations | episodes played | episodes lost | faults injected (raise/hang/garbage) | env errors caught | skipped optimizer steps | val success start → end | wall s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"env workers: {args.env_workers}, fault kinds: {' / '.join(args.modes)}\n")
+    print("| run | iterations | episodes played | episodes lost | faults injected (raise/hang/garbage/die) | env errors caught | worker restarts | skipped optimizer steps | val success start → end | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in (("fault-free", clean), (f"{args.fault_rate:.0%} faults", faulty)):
         inj = r["injected"]
-        print(f"| {name} | {r['iterations']} | {r['episodes']} | {r['dropped']} | {inj['raise']}/{inj['hang']}/{inj['garbage']} | "
-              f"{r['env_errors']} | {r['skipped_steps']} | {r['val_start']:.3f} → {r['val_end']:.3f} | {r['wall_s']:.0f} |")
+        injected = "/".join(str(inj[m]) for m in ("raise", "hang", "garbage", "die")) if not args.env_workers else "(in the workers)"
+        print(f"| {name} | {r['iterations']} | {r['episodes']} | {r['dropped']} | {injected} | "
+              f"{r['env_errors']} | {r['worker_restarts']} | {r['skipped_steps']} | {r['val_start']:.3f} → {r['val_end']:.3f} | {r['wall_s']:.0f} |")
     print(f"soak_completed: {faulty['iterations']}/{args.iterations}")
 
 

@@ -117,10 +117,27 @@ def test_workers_are_closed_at_interpreter_exit(tmp_path):
     assert len(pids) == 2 and not any(os.path.exists(f"/proc/{p}") for p in pids)
 
 
-def test_die_mode_is_refused_in_the_trainer_process_and_bad_worker_counts_fail_early():
-    with pytest.raises(ValueError, match="env_workers > 0"):
-        FaultyEnv(modes=["die"])
+def test_die_mode_never_ends_the_trainer_process_and_bad_worker_counts_fail_early():
+    env = FaultyEnv(inner_kwargs=KW, modes=["die"], fault_at_step=0)
+    env.reset(options={"split": "train", "task_id": 0})
+    with pytest.raises(RuntimeError, match="outside a worker process"):
+        env.step("look")
     with pytest.raises(ValueError, match="num_workers must be >= 0"):
         EnvPool("rspo/Household-v0", num_workers=-1)
     with pytest.raises(ValueError, match="rollout.env_workers must be >= 0"):
         RolloutConfig(env_workers=-2)
+
+
+def test_calls_answered_by_a_worker_that_then_died_are_faults_too():
+    # Half the resets end their worker: whatever a dead worker had answered in the same batch is
+    # lost with it, so each worker's share is all faults or all fine, and the fine ones step on.
+    kw = {"inner_id": "rspo/Household-v0", "inner_kwargs": KW, "fault_rate": 0.5, "modes": ["die"], "on_reset": True, "seed": 1}
+    with EnvPool("rspo/Faulty-v0", kw, num_workers=2, timeout_s=10) as pool:
+        pool.ensure(6)
+        results = pool.reset([(i, {"split": "train", "task_id": i}) for i in range(6)])
+        faulty = [isinstance(r, EnvFault) for r in results]
+        assert faulty[0::2] in ([True] * 3, [False] * 3) and faulty[1::2] in ([True] * 3, [False] * 3)
+        assert pool.worker_restarts == (faulty[0] + faulty[1]) >= 1
+        fine = [i for i in range(6) if not faulty[i]]
+        stepped = pool.step([(i, results[i][1]["admissible_actions"][0]) for i in fine])
+        assert all(isinstance(r, tuple) or "worker process died" in str(r) for r in stepped)  # never "step before reset"

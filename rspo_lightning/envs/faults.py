@@ -7,8 +7,8 @@ wraps the inner env; every ``step`` (and ``reset`` when ``on_reset``) faults wit
 - ``raise``: raises RuntimeError;
 - ``hang``: sleeps ``hang_s`` seconds, then answers normally (a rollout timeout must cut it);
 - ``garbage``: returns values of the wrong types (``(None, "x", 3, [], 7)``);
-- ``die``: ends the whole process at once (``os._exit``), as a segfaulting env would; allowed
-  only inside an EnvPool worker process (``rollout.env_workers > 0``), never in the trainer.
+- ``die``: ends the whole process at once (``os._exit``), as a segfaulting env would; only
+  inside an EnvPool worker process (``rollout.env_workers > 0``): in the trainer it raises instead.
 
 Faults draw from their own seeded RNG, so a run's fault pattern is reproducible. ``faults``
 counts what was injected, by mode.
@@ -54,9 +54,6 @@ class FaultyEnv(gymnasium.Wrapper):
         bad = [m for m in modes if m not in MODES]
         if bad or not modes:
             raise ValueError(f"FaultyEnv modes must be a non-empty subset of {MODES}, got {modes}")
-        if "die" in modes and not os.environ.get(WORKER_ENV_VAR):
-            raise ValueError("FaultyEnv mode 'die' ends the process it runs in: use it only with environments in "
-                             "worker processes (rollout.env_workers > 0)")
         if not 0 <= fault_rate <= 1:
             raise ValueError(f"FaultyEnv fault_rate must be in [0, 1], got {fault_rate}")
         super().__init__(make_env(inner_id, **(inner_kwargs or {})))
@@ -83,6 +80,8 @@ class FaultyEnv(gymnasium.Wrapper):
         if mode == "garbage":
             return (None, "x", 3, [], 7)
         if mode == "die":
+            if not os.environ.get(WORKER_ENV_VAR):  # never end the trainer's own process
+                raise RuntimeError("injected 'die' fault outside a worker process (rollout.env_workers: 0): raised instead")
             os._exit(17)
         return call(*args, **kwargs)
 

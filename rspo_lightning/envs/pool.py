@@ -37,7 +37,10 @@ from typing import Any, Callable
 
 from rspo_lightning.envs.base import make_env
 
-WORKER_ENV_VAR = "RSPO_ENV_WORKER"  # set inside worker processes (FaultyEnv's "die" mode checks it)
+BUILD_TIMEOUT_S = 300.0  # a worker building envs (imports included) may take this long
+WORKER_ENV_VAR = "RSPO_ENV_WORKER"
+SPAWN_HINT = ("workers start with 'spawn', which re-imports the main script: a script that starts training must do so "
+              "under `if __name__ == \"__main__\":` (the rspo-lightning command does)")  # set inside worker processes (FaultyEnv's "die" mode checks it)
 
 
 class EnvFault(Exception):
@@ -240,7 +243,7 @@ class EnvPool:
             return
         for i, ok, value in self._batch([("make", i, None) for i in new]):
             if not ok:
-                raise RuntimeError(f"could not build {self.env_id} in a worker: {value}")
+                raise RuntimeError(f"could not build {self.env_id} in a worker: {value}; {SPAWN_HINT}")
             self.max_steps[i] = value
 
     # -- calls ---------------------------------------------------------------------------
@@ -297,9 +300,13 @@ class EnvPool:
         _, conn = self._workers[w]
         conn.send([("make", i, None) for i in mine])
         for _ in mine:
-            if not conn.poll(self.grace_s + 60):
-                raise RuntimeError(f"a replacement worker for {self.env_id} did not build its envs within {self.grace_s + 60} s")
-            conn.recv()
+            try:
+                if not conn.poll(BUILD_TIMEOUT_S):
+                    raise TimeoutError(f"no answer within {BUILD_TIMEOUT_S} s")
+                conn.recv()
+            except (EOFError, OSError) as exc:
+                raise RuntimeError(f"a replacement worker for {self.env_id} could not build its envs ({type(exc).__name__}: {exc}); "
+                                   f"{SPAWN_HINT}") from exc
 
     @property
     def worker_pids(self) -> list[int]:
@@ -313,6 +320,8 @@ class EnvPool:
             shares.setdefault(i % W, []).append(k)
         replies: list[tuple[int, bool, Any] | None] = [None] * len(calls)
         limit = (self.timeout_s or 3600.0) + self.grace_s
+        if any(op == "make" for op, _, _ in calls):  # a new worker first imports the env's packages
+            limit = max(limit, BUILD_TIMEOUT_S)
         pending: dict[int, list[int]] = {}
         for w, ks in shares.items():
             try:
@@ -330,6 +339,7 @@ class EnvPool:
                 try:
                     i, ok, value = conn.recv()
                 except (EOFError, OSError):
+                    self._workers[w][0].join(timeout=1)
                     code = self._workers[w][0].exitcode
                     self._fail_worker(w, pending, calls, replies, f"its worker process died (exit code {code})")
                     continue
@@ -344,9 +354,12 @@ class EnvPool:
         return replies  # type: ignore[return-value]
 
     def _fail_worker(self, w: int, pending: dict, calls: list, replies: list, why: str) -> None:
-        for k in pending.pop(w, []):
-            op, i, _ = calls[k]
-            replies[k] = (i, False, f"{op}: {why}; the env was rebuilt")
+        """Worker ``w`` is gone: every call it had in this batch is a fault, answered or not (the
+        state those calls left lived in the dead process); then it is replaced."""
+        pending.pop(w, None)
+        for k, (op, i, _) in enumerate(calls):
+            if i % self.num_workers == w:
+                replies[k] = (i, False, f"{op}: {why}; the env was rebuilt")
         self._replace_worker(w)
 
     # -- closing -------------------------------------------------------------------------
