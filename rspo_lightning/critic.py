@@ -91,7 +91,12 @@ class SeparateCritic(nn.Module):
         self.same_tokenizer = self.tokenizer is policy_tokenizer
         backbone.requires_grad_(not config.freeze_backbone)
         backbone.train(not config.freeze_backbone)
-        self.backbone = backbone
+        if config.freeze_backbone:
+            # held in __dict__, not registered, like the KL reference: no optimizer, checkpoint, DDP or
+            # FSDP wrapping sees it (it is rebuilt from ``source`` on load); moved when used
+            self.__dict__["backbone"] = backbone
+        else:
+            self.backbone = backbone
         self.head = ValueHead(hidden_size_of(backbone))
 
     def input_ids(self, turns: Sequence[Turn]) -> list[list[int]]:
@@ -112,6 +117,8 @@ class SeparateCritic(nn.Module):
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         ids, attn = left_pad(rows, pad)
         positions = torch.full((len(rows),), ids.shape[1] - 1, dtype=torch.long)
+        if self.config.freeze_backbone:
+            self.backbone.to(device)
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.config.freeze_backbone):
             hidden = last_token_hidden(self.backbone, ids.to(device), attn.to(device), positions)
         return self.head(hidden.float())

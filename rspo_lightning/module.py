@@ -14,14 +14,15 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-import torch.distributed as dist
-from torchmetrics import MeanMetric
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+from torch.distributed.tensor import DTensor
 
 from rspo_lightning import advantages as adv
 from rspo_lightning import losses
 from rspo_lightning.batching import FlatTurns, flatten, make_train_batch, positions_from_mask
 from rspo_lightning.config import GROUP_RELATIVE, AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
-from rspo_lightning.critic import CriticConfig, SeparateCritic, last_token_hidden
+from rspo_lightning.critic import CriticConfig, SeparateCritic
+from rspo_lightning.distributed import all_max, all_sum, gather_values, is_sharded, merge_over_ranks, shard_fsdp2, world_size
 from rspo_lightning.envs import make_env
 from rspo_lightning.policy import ValueHead, apply_lora, frozen_copy, hidden_size_of, load_policy, response_token_logprobs
 from rspo_lightning.prompts import template_texts
@@ -88,9 +89,9 @@ class AgentRLModule(pl.LightningModule):
         self.env_steps = 0  # environment steps of training rollouts so far, all ranks together
         self.episodes_dropped = 0  # training episodes left out because of environment faults (this rank)
         self.last_trajectories: list[Trajectory] = []
-        self.val_metrics = torch.nn.ModuleDict()
-        self.rollout_success = MeanMetric(dist_sync_on_step=True)  # the step value is the all-rank mean
-        self.rollout_success_b = MeanMetric(dist_sync_on_step=True)  # RSPO's explorer B
+        self._val_sums: dict[str, list[float]] = {}  # validation metric -> [sum, count] on this rank
+        self._fsdp2_applied = False
+        self._flat_sharded = False  # FSDP1: each rank holds a slice of every gradient
 
     # -- building ------------------------------------------------------------------------
     def _resolve_env(self) -> EnvConfig:
@@ -102,8 +103,18 @@ class AgentRLModule(pl.LightningModule):
         return self.env_cfg
 
     def configure_model(self) -> None:
-        if self.policy is not None:
-            return
+        if self.policy is None:
+            self._build_models()
+        if self.device_mesh is not None and not self._fsdp2_applied:  # ModelParallelStrategy: FSDP2
+            if self.policy_cfg.lora is not None:
+                raise ValueError("policy.lora is not supported with ModelParallelStrategy (FSDP2): use trainer.strategy: ddp "
+                                 "(the frozen base weights are then one copy per GPU) or configs/trainer/fsdp.yaml")
+            for module in (self.policy, self.value_head, self.critic):
+                if module is not None:
+                    shard_fsdp2(module, self.device_mesh)
+            self._fsdp2_applied = True
+
+    def _build_models(self) -> None:
         env_cfg = self._resolve_env()
         corpus = None
         if self.policy_cfg.source == "tiny":
@@ -122,7 +133,10 @@ class AgentRLModule(pl.LightningModule):
         if self.policy_cfg.lora is not None:
             self.policy = apply_lora(self.policy, self.policy_cfg.lora)
         elif self.algo.kl_coef > 0:
-            self._ref = frozen_copy(self.policy)  # with LoRA the reference is the adapter-disabled policy
+            # with LoRA the reference is the adapter-disabled policy. Held in __dict__, not registered
+            # as a submodule: no optimizer, checkpoint, DDP or FSDP wrapping sees it (an unsharded
+            # frozen copy on each rank).
+            self.__dict__["_ref"] = frozen_copy(self.policy)
         if self.algo.estimator == "gae":
             if self.critic_cfg.kind == "shared":
                 self.value_head = ValueHead(hidden_size_of(self.policy))
@@ -132,6 +146,15 @@ class AgentRLModule(pl.LightningModule):
 
     def setup(self, stage: str) -> None:
         self.configure_model()
+        strategy = self.trainer.strategy
+        if (self.critic is not None and isinstance(strategy, DDPStrategy)
+                and not strategy._ddp_kwargs.get("find_unused_parameters", False)):
+            raise ValueError("critic.kind: separate under trainer.strategy: ddp needs DDP's unused-parameter search (the "
+                             "critic and the policy step apart): use trainer.strategy: ddp_find_unused_parameters_true")
+        if self.trainer.world_size > 1:  # every rank makes as many generate calls and turns as the busiest
+            self.engine.lockstep = lambda calls: all_max(calls, self.device)
+            self.engine.synced_gpus = is_sharded(self.trainer.strategy)
+            self._flat_sharded = isinstance(self.trainer.strategy, FSDPStrategy)
         dm = getattr(self.trainer, "datamodule", None)
         group_size = getattr(dm, "group_size", None)
         if group_size is not None and group_size < 2 and self.algo.estimator in GROUP_RELATIVE:
@@ -230,11 +253,38 @@ class AgentRLModule(pl.LightningModule):
         batch.behaviour_logprobs[on_policy] = batch.old_logprobs[on_policy]
 
     def _fill_logprobs(self, model, batch: TrainBatch, rows: torch.Tensor, target: torch.Tensor) -> None:
-        """``target[rows]`` := log-probs under ``model``, in chunks (a chunk's window may be narrower)."""
-        for chunk in rows.split(self.algo.forward_batch_size) if len(rows) else ():
+        """``target[rows]`` := log-probs under ``model``, in chunks (a chunk's window may be narrower).
+        Every rank forwards as many chunks as the busiest one (dummies past its own)."""
+        chunks = list(rows.split(self.algo.forward_batch_size)) if len(rows) else []
+        for i in range(self._max(len(chunks))):
+            if i >= len(chunks):
+                self.sequence_logprobs(model, self._dummy_batch(), self.rollout_cfg.temperature)
+                continue
+            chunk = chunks[i]
             lp = self.sequence_logprobs(model, batch.select(chunk), self.rollout_cfg.temperature)[0].cpu()
             target[chunk] = 0.0
             target[chunk, target.shape[1] - lp.shape[1]:] = lp
+
+    def _max(self, count: int) -> int:
+        """``count`` agreed over ranks: the maximum, so that every rank runs as many collective steps."""
+        return all_max(count, self.device) if world_size() > 1 else count
+
+    def _sum(self, *values: float) -> list[float]:
+        return all_sum(values, self.device)
+
+    def _dummy_batch(self) -> TrainBatch:
+        """One two-token row with one response token: what a rank forwards (at weight 0) when another
+        rank has more chunks or micro-batches than it has."""
+        pad, zero = self.engine.pad_id, torch.zeros(1)
+        return TrainBatch(
+            input_ids=torch.full((1, 2), pad, dtype=torch.long), attention_mask=torch.ones(1, 2, dtype=torch.long),
+            response_mask=torch.ones(1, 1, dtype=torch.bool), behaviour_logprobs=torch.zeros(1, 1),
+            old_logprobs=torch.zeros(1, 1), advantages=zero, returns=zero, clip_eps=torch.ones(1),
+            is_replay=torch.zeros(1, dtype=torch.bool), value_positions=torch.zeros(1, dtype=torch.long),
+            ref_logprobs=torch.zeros(1, 1) if self.algo.kl_coef > 0 else None,
+            old_values=zero if self.algo.estimator == "gae" else None,
+            critic_rows=[[pad]] if self.critic is not None else None,
+        )
 
     # -- advantages ----------------------------------------------------------------------
     def compute_advantages(self, flat: FlatTurns, values: torch.Tensor | None = None):
@@ -261,17 +311,19 @@ class AgentRLModule(pl.LightningModule):
 
     @torch.no_grad()
     def critic_values(self, batch: TrainBatch) -> torch.Tensor:
-        """V(s) ``[N]`` of every row before the update (shared head or separate critic)."""
+        """V(s) ``[N]`` of every row before the update (shared head or separate critic); in lock-step
+        over ranks like ``_fill_logprobs``."""
+        chunks = list(torch.arange(len(batch)).split(self.algo.forward_batch_size)) if len(batch) else []
         out = []
-        for chunk in torch.arange(len(batch)).split(self.algo.forward_batch_size):
-            part = batch.select(chunk)
+        for i in range(self._max(len(chunks))):
+            part = batch.select(chunks[i]) if i < len(chunks) else self._dummy_batch()
             if self.critic is not None:
-                out.append(self.critic(part.critic_rows, self.device).cpu())
-            else:
-                hidden = last_token_hidden(self.policy, part.input_ids.to(self.device),
-                                           part.attention_mask.to(self.device), part.value_positions)
-                out.append(self.value_head(hidden.float()).cpu())
-        return torch.cat(out)
+                values = self.critic(part.critic_rows, self.device).cpu()
+            else:  # through the policy's own forward (under FSDP2 its root unit holds the embeddings)
+                values = self.sequence_logprobs(self.policy, part, self.rollout_cfg.temperature, with_values=True)[2].cpu()
+            if i < len(chunks):
+                out.append(values)
+        return torch.cat(out) if out else torch.zeros(0)
 
     # -- the iteration -------------------------------------------------------------------
     def _seed_rollout(self, purpose: str) -> None:
@@ -296,7 +348,7 @@ class AgentRLModule(pl.LightningModule):
                 raise ValueError("reward_mode 'dense' needs a dense reward source: set model.dense_reward, "
                                  "e.g. {class_path: rspo_lightning.rewards.EnvProgressReward}")
             assign_dense_rewards(self.dense_reward, trajectories)
-        self.env_steps += self._all_ranks_sum(sum(len(t.turns) for t in trajectories))
+        self.env_steps += int(self._sum(sum(len(t.turns) for t in trajectories))[0])
         return trajectories
 
     def _drop_faulty(self, trajectories: list[Trajectory]) -> list[Trajectory]:
@@ -342,7 +394,10 @@ class AgentRLModule(pl.LightningModule):
             sched.load_state_dict(copy.deepcopy(state))
 
     def training_step(self, batch: IterationBatch, batch_idx: int) -> None:
-        if not batch.tasks and not batch.replay:  # nothing to play or train (e.g. RSPO's collect iteration)
+        # With several ranks, every decision below that changes the number of collective steps
+        # (generate calls, forwards, backwards, optimizer steps) is taken on all-rank counts, and a
+        # rank with nothing of its own still takes part (docs/distributed.md).
+        if self._sum(len(batch.tasks) + len(batch.replay))[0] == 0:  # nothing to play or train (e.g. RSPO's collect iteration)
             return self._skip_iteration()
         t0 = time.perf_counter()
         gen_tokens0 = self.engine.stats["generated_tokens"]
@@ -353,33 +408,40 @@ class AgentRLModule(pl.LightningModule):
         self.last_trajectories = trajectories
         replay = [t for group in batch.replay for t in group]
         all_trajs = trajectories + replay
-        if not all_trajs:  # every episode lost to environment faults: nothing to train on
+        if self._sum(len(all_trajs))[0] == 0:  # every episode lost to environment faults: nothing to train on
             return self._skip_iteration()
 
         t1 = time.perf_counter()
         flat = flatten(all_trajs, batch.reward_mode)
-        train_batch = make_train_batch(flat, self.engine.pad_id, torch.zeros(len(flat.turns)))
+        if flat.turns:
+            train_batch = make_train_batch(flat, self.engine.pad_id, torch.zeros(len(flat.turns)))
+        else:  # nothing of its own: this rank still takes part in the collective steps below
+            train_batch = self._dummy_batch().select(torch.arange(0))
         values = None
         if self.algo.estimator == "gae":
             if self.critic is not None:
                 train_batch.critic_rows = self.critic.input_ids(flat.turns)
             values = train_batch.old_values = self.critic_values(train_batch)
         t_adv = time.perf_counter()
-        advantages, clip_eps, returns = self.compute_advantages(flat, values)
+        advantages = torch.zeros(0)
+        if flat.turns:
+            advantages, clip_eps, returns = self.compute_advantages(flat, values)
+            train_batch.advantages = advantages.float()
+            if clip_eps is not None:
+                train_batch.clip_eps = clip_eps.float()
+            if returns is not None:
+                train_batch.returns = returns.float()
+                var = returns.var()
+                self.log("train/explained_variance", float(1 - (returns - values).var() / var) if var > 0 else 0.0, on_step=True)
         advantage_s = time.perf_counter() - t_adv
-        train_batch.advantages = advantages.float()
-        if clip_eps is not None:
-            train_batch.clip_eps = clip_eps.float()
-        if returns is not None:
-            train_batch.returns = returns.float()
-            var = returns.var()
-            self.log("train/explained_variance", float(1 - (returns - values).var() / var) if var > 0 else 0.0, on_step=True)
         if (self.algo.drop_zero_advantage and self.algo.kl_coef == 0 and self.algo.entropy_coef == 0
                 and self.algo.estimator != "gae"):
             train_batch = train_batch.select(torch.nonzero(advantages != 0).flatten())
         self.log("train/samples", float(len(train_batch)), on_step=True)
-        self._score(train_batch)
-        stats = self._update(train_batch) if len(train_batch) else {}
+        stats = {}
+        if self._sum(len(train_batch))[0] > 0:
+            self._score(train_batch)
+            stats = self._update(train_batch)
         update_s = time.perf_counter() - t1
         trained_tokens = int(train_batch.attention_mask.sum()) * self.algo.ppo_epochs
 
@@ -388,7 +450,7 @@ class AgentRLModule(pl.LightningModule):
         for k, v in stats.items():
             self.log(f"train/{k}", v, on_step=True, prog_bar=k == "policy_loss")
         self.log_dict({
-            "train/advantage_abs": advantages.abs().mean().item(),
+            "train/advantage_abs": advantages.abs().mean().item() if len(advantages) else 0.0,
             "train/lr": self._optimizers()[0].param_groups[0]["lr"],
             "perf/rollout_s": rollout_s,
             "perf/update_s": update_s,
@@ -410,76 +472,95 @@ class AgentRLModule(pl.LightningModule):
         self.log_dict({"rollout/env_errors": float(self.engine.env_errors), "rollout/episodes_dropped": float(self.episodes_dropped),
                        "rollout/env_steps": float(self.env_steps), "step": float(self.iteration)}, on_step=True)
 
-    def _all_ranks_sum(self, value: int) -> int:
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            t = torch.tensor([value], device=self.device)
-            dist.all_reduce(t)
-            return int(t.item())
-        return value
-
-    def _num_minibatches(self, n: int) -> int:
-        m = max(1, math.ceil(n / self.algo.minibatch_size))
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            t = torch.tensor([m], device=self.device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # every rank steps the same number of times
-            m = int(t.item())
-        return m
-
     def _optimizers(self):
         opts = self.optimizers()
         return opts if isinstance(opts, list) else [opts]
 
     def _update(self, batch: TrainBatch) -> dict[str, float]:
+        """``ppo_epochs`` x minibatches of optimizer steps (one ``lr_scheduler`` step per iteration).
+
+        Every rank takes the same number of optimizer steps and micro-batch backwards (DDP
+        all-reduces gradients in each backward): a rank short of samples backwards a dummy at
+        weight 0. The loss of a minibatch is normalised by its token (``token-mean``) or row count
+        summed over ranks, times the world size, so DDP's / FSDP's gradient mean equals the gradient
+        of one process on the union of the ranks' minibatches.
+        """
         opts = self._optimizers()
         opt = opts[0]
         critic_opt = opts[1] if len(opts) > 1 else None
         algo = self.algo
         n = len(batch)
+        world = world_size()
         gen = torch.Generator().manual_seed(self.seed * 100003 + self.iteration)
+        num_minibatches = self._max(math.ceil(n / algo.minibatch_size))
         sums: dict[str, float] = {}
         count = 0
         for _ in range(algo.ppo_epochs):
             perm = torch.randperm(n, generator=gen)
-            for mb_idx in torch.tensor_split(perm, min(self._num_minibatches(n), n)):
+            for mb_idx in torch.tensor_split(perm, num_minibatches):
                 opt.zero_grad()
                 mb = batch.select(mb_idx)
-                mb_tokens = mb.response_mask.sum().clamp(min=1)
-                micro = algo.micro_batch_size or len(mb)
+                micro = algo.micro_batch_size or max(len(mb), 1)
+                parts = [mb.select(torch.arange(s, min(len(mb), s + micro))) for s in range(0, len(mb), micro)]
+                counts = gather_values([self._loss_size(mb), len(parts), len(mb)], self.device)  # [world, 3]
+                total, num_parts, rows = max(float(counts[:, 0].sum()), 1.0), int(counts[:, 1].max()), float(counts[:, 2].sum())
                 mb_stats: dict[str, float] = {}
-                for s in range(0, len(mb), micro):
-                    part = mb.select(torch.arange(s, min(len(mb), s + micro)))
+                for i in range(num_parts):
+                    own = i < len(parts)
+                    part = parts[i] if own else self._dummy_batch()
                     loss, st = self._loss(part)
-                    weight = (part.response_mask.sum() / mb_tokens) if algo.loss_agg == "token-mean" else len(part) / len(mb)
-                    self.manual_backward(loss * weight)
+                    share = self._loss_size(part) / total if own else 0.0  # of the all-rank minibatch
+                    self.manual_backward(loss * (share * world))
                     for k, v in st.items():
-                        mb_stats[k] = mb_stats.get(k, 0.0) + float(v) * float(weight)
-                grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
-                norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads else torch.zeros(())
-                if not torch.isfinite(norm) or not all(math.isfinite(v) for v in mb_stats.values()):
-                    # A non-finite loss or gradient never reaches the weights: skip this step
-                    # (under DDP the all-reduced gradient makes every rank decide alike).
+                        mb_stats[k] = mb_stats.get(k, 0.0) + (float(v) * share if own else 0.0)
+                norm = self._grad_norm([p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None])
+                keys = sorted(mb_stats)
+                agreed = self._sum(*(mb_stats[k] for k in keys), 0.0 if math.isfinite(norm) else 1.0)
+                if agreed[-1] > 0 or not all(math.isfinite(v) for v in agreed):
+                    # A non-finite loss or gradient on any rank never reaches the weights: every rank
+                    # skips this step.
                     opt.zero_grad()
                     self.skipped_steps += 1
                     continue
-                for k, v in mb_stats.items():
+                for k, v in zip(keys, agreed):
                     sums[k] = sums.get(k, 0.0) + v
-                sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(norm)
-                if algo.max_grad_norm > 0:  # through Lightning, so precision plugins and strategies apply
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + norm
+                if algo.max_grad_norm > 0 and self._flat_sharded:
+                    # Lightning's norm clipping refuses FSDP1; its root module clips over all shards
+                    self.trainer.strategy.model.clip_grad_norm_(algo.max_grad_norm)
+                elif algo.max_grad_norm > 0:  # through Lightning, so precision plugins and strategies apply
                     self.clip_gradients(opt, gradient_clip_val=algo.max_grad_norm, gradient_clip_algorithm="norm")
                 opt.step()
                 if critic_opt is not None:
-                    sums["value_loss"] = sums.get("value_loss", 0.0) + self._separate_critic_step(mb, critic_opt)
+                    sums["value_loss"] = sums.get("value_loss", 0.0) + self._separate_critic_step(mb, critic_opt, rows)
                 count += 1
         self.lr_schedulers().step()
         return {k: v / max(count, 1) for k, v in sums.items()}
 
-    def _separate_critic_step(self, mb: TrainBatch, critic_opt) -> float:
+    def _loss_size(self, batch: TrainBatch) -> float:
+        """What the loss of ``batch`` averages over: response tokens (token-mean) or rows."""
+        return float(batch.response_mask.sum()) if self.algo.loss_agg == "token-mean" else float(len(batch))
+
+    def _grad_norm(self, grads: list[torch.Tensor]) -> float:
+        """Gradient norm over all ranks' shards (DTensor shards under FSDP2, flat shards under FSDP1)."""
+        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        if self._flat_sharded:
+            return math.sqrt(self._sum(float(norm) ** 2)[0])
+        return float(norm)
+
+    def _separate_critic_step(self, mb: TrainBatch, critic_opt, rows: float) -> float:
+        """One step of the asymmetric critic on ``mb``; its value loss is averaged over the ``rows``
+        of the minibatch on all ranks (a rank without rows backwards a dummy at weight 0)."""
         critic_opt.zero_grad()
-        values = self.critic(mb.critic_rows, self.device)
-        loss = losses.value_loss(values, mb.old_values.to(self.device), mb.returns.to(self.device), self.critic_cfg.value_clip)
-        self.manual_backward(loss * self.critic_cfg.value_coef)
+        part = mb if len(mb) else self._dummy_batch()
+        values = self.critic(part.critic_rows, self.device)
+        loss = losses.value_loss(values, part.old_values.to(self.device), part.returns.to(self.device), self.critic_cfg.value_clip)
+        weight = len(mb) * world_size() / max(rows, 1.0)
+        self.manual_backward(loss * self.critic_cfg.value_coef * weight)
         critic_opt.step()
-        return float(loss)
+        return float(loss) if len(mb) else 0.0
 
     def _loss(self, mb: TrainBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         algo = self.algo
@@ -530,13 +611,13 @@ class AgentRLModule(pl.LightningModule):
 
     # -- metrics -------------------------------------------------------------------------
     def _log_rollout(self, trajectories: list[Trajectory], prefix: str) -> None:
+        won, played = self._sum(sum(t.success for t in trajectories), len(trajectories))  # every rank calls this
         if not trajectories:
             return
         n = len(trajectories)
         turns = sum(len(t.turns) for t in trajectories)
-        metric = self.rollout_success if prefix == "rollout" else self.rollout_success_b
-        metric(torch.tensor([float(t.success) for t in trajectories], device=self.device))
-        self.log(f"{prefix}/success_rate", metric, on_step=True, on_epoch=False, batch_size=n)
+        # the success rate over all ranks; the other rollout values are this rank's
+        self.log(f"{prefix}/success_rate", won / max(played, 1.0), on_step=True, on_epoch=False, batch_size=n)
         values = {
             f"{prefix}/score": sum(t.score for t in trajectories) / n,
             f"{prefix}/episode_len": turns / n,
@@ -554,11 +635,10 @@ class AgentRLModule(pl.LightningModule):
         self.log("sr", sum(t.success for t in trajectories) / n, prog_bar=True, on_step=True, logger=False)
 
     # -- validation ----------------------------------------------------------------------
-    def _val_metric(self, name: str) -> MeanMetric:
-        key = name.replace("/", "|")
-        if key not in self.val_metrics:
-            self.val_metrics[key] = MeanMetric().to(self.device)
-        return self.val_metrics[key]
+    def _val_update(self, name: str, value: float) -> None:
+        acc = self._val_sums.setdefault(name, [0.0, 0.0])
+        acc[0] += float(value)
+        acc[1] += 1.0
 
     def validation_step(self, batch: IterationBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
         split = batch.tasks[0].split if batch.tasks else "valid_seen"
@@ -569,15 +649,16 @@ class AgentRLModule(pl.LightningModule):
             trajs = self.engine.collect(batch.tasks, 1, temperature=self.val_temperature, greedy=greedy, iteration=self.iteration)
             trajs = [t for t in trajs if t.env_error is None]  # an env fault is not the agent's failure
             for t in trajs:
-                self._val_metric(f"{prefix}/{tag}success_rate").update(float(t.success))
-                self._val_metric(f"{prefix}/{tag}score").update(t.score)
+                self._val_update(f"{prefix}/{tag}success_rate", t.success)
+                self._val_update(f"{prefix}/{tag}score", t.score)
                 if not tag and t.task_type:
-                    self._val_metric(f"{prefix}/success_rate/{t.task_type}").update(float(t.success))
+                    self._val_update(f"{prefix}/success_rate/{t.task_type}", t.success)
 
     def on_validation_epoch_end(self) -> None:
-        values = {key.replace("|", "/"): float(m.compute()) for key, m in self.val_metrics.items() if m.update_count > 0}
-        for m in self.val_metrics.values():
-            m.reset()
+        # one all_gather of every rank's [sum, count] per metric: ranks may hold different metrics
+        merged = merge_over_ranks(self._val_sums)
+        self._val_sums = {}
+        values = {key: total / count for key, (total, count) in sorted(merged.items()) if count > 0}
         if self.trainer.sanity_checking:
             # A full sanity check (num_sanity_val_steps: -1) runs before any update: record it as step 0.
             if self.logger is not None and values and math.isinf(self.trainer.num_sanity_val_steps):
@@ -607,6 +688,10 @@ class AgentRLModule(pl.LightningModule):
             checkpoint["rspo_dense_reward"] = self.dense_reward.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        # checkpoints written before the frozen models left the state dict still hold them
+        frozen = ("_ref.", "critic.backbone.") if self.critic_cfg.freeze_backbone else ("_ref.",)
+        if "state_dict" in checkpoint:
+            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith(frozen)}
         self.iteration = int(checkpoint.get("rspo_iteration", 0))
         self.skipped_steps = int(checkpoint.get("rspo_skipped_steps", 0))
         self.env_steps = int(checkpoint.get("rspo_env_steps", 0))

@@ -409,6 +409,14 @@ def _build_tiny(
     os.makedirs(directory, exist_ok=True)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        # transformers >= 5 writes weights only on rank 0 once torch.distributed is initialised;
+        # every rank builds its own tiny model in its own directory, so write them here.
+        from safetensors.torch import save_model
+
+        model.config.save_pretrained(directory)
+        model.generation_config.save_pretrained(directory)
+        save_model(model, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
     return _load_hf_dir(directory, torch_dtype, trust_remote_code=False)
 
 

@@ -291,12 +291,16 @@ class RolloutEngine:
                 active = [ep for ep in episodes if not ep.done]
                 chunk = cfg.generation_batch_size or max(len(active), 1)
                 calls = -(-len(active) // chunk)
-                if self.lockstep is not None:  # every rank makes as many generate calls as the busiest one
+                if self.lockstep is not None:  # every rank makes as many generate calls (and turns) as the busiest one
                     calls_everywhere = self.lockstep(calls)
                     for _ in range(calls_everywhere - calls):
                         self._dummy_generate()
-                if not active:
+                    if calls_everywhere == 0:
+                        break
+                elif not active:
                     break
+                if not active:
+                    continue
                 self._play_turn(active, [active[s:s + chunk] for s in range(0, len(active), chunk)], temp, greedy)
                 for ep in active:
                     max_turns = cfg.max_turns or ep.pool.max_steps[ep.index]

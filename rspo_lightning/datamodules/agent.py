@@ -168,9 +168,13 @@ class AgentDataModule(pl.LightningDataModule):
         rank, world = self._rank_world()
         loaders = []
         for split in self.val_splits:
-            mine = self.val_tasks(split)[rank::world]
+            tasks = self.val_tasks(split)
+            mine = tasks[rank::world]
             step = max(1, self.val_groups_per_batch)
-            batches = [IterationBatch(tasks=mine[s:s + step], group_size=1) for s in range(0, len(mine), step)]
+            # Every rank yields as many batches as the rank with most tasks (empty ones past its own):
+            # each validation batch is a lock-step rollout that all ranks must join.
+            num_batches = -(-len(tasks[0::world]) // step)
+            batches = [IterationBatch(tasks=mine[s * step:(s + 1) * step], group_size=1) for s in range(num_batches)]
             loaders.append(DataLoader(_ValTasks(batches), batch_size=None, collate_fn=_identity))
         return loaders
 

@@ -1,0 +1,154 @@
+"""Multi-process pieces: collectives that keep ranks in lock-step, decoder-layer detection, and
+the two ways of sharding the policy (FSDP1 through ``DecoderLayerFSDPStrategy``, FSDP2 through
+Lightning's ``ModelParallelStrategy`` + ``shard_fsdp2`` in ``AgentRLModule.configure_model``).
+
+Why lock-step: under DDP every backward all-reduces gradients, and under sharding every forward
+all-gathers parameters. A rank that skips one of them (no samples, fewer micro-batches, episodes
+that ended sooner) leaves the others waiting for ever. docs/distributed.md has the full list.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.strategies import FSDPStrategy
+from torch import nn
+
+
+def world_size() -> int:
+    """Processes in the default group (1 without ``torch.distributed``)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def gather_values(values: Sequence[float], device: torch.device | str = "cpu") -> torch.Tensor:
+    """Every rank's ``values``: ``[world, len(values)]`` float64 (one all_gather; no collective
+    with one process). Sum or max the rows to agree on a count."""
+    local = torch.tensor([list(map(float, values))], dtype=torch.float64)
+    if world_size() == 1:
+        return local
+    local = local.to(device)
+    rows = [torch.empty_like(local) for _ in range(world_size())]
+    dist.all_gather(rows, local)
+    return torch.cat(rows).cpu()
+
+
+def all_sum(values: Sequence[float], device: torch.device | str = "cpu") -> list[float]:
+    """Element-wise sum over ranks."""
+    return gather_values(values, device).sum(0).tolist()
+
+
+def all_max(value: int, device: torch.device | str = "cpu") -> int:
+    """Maximum over ranks (the lock-step count: every rank runs that many steps)."""
+    return int(gather_values([value], device).max())
+
+
+def merge_over_ranks(obj: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Sum ``{name: [sum, count]}`` dicts over ranks (keys may differ between ranks)."""
+    if world_size() == 1:
+        return obj
+    parts: list[Any] = [None] * world_size()
+    dist.all_gather_object(parts, obj)
+    merged: dict[str, list[float]] = {}
+    for part in parts:
+        for key, (total, count) in part.items():
+            acc = merged.setdefault(key, [0.0, 0.0])
+            acc[0] += total
+            acc[1] += count
+    return merged
+
+
+# -- which modules are the decoder layers ----------------------------------------------------
+def decoder_layer_classes(model: nn.Module) -> set[type[nn.Module]]:
+    """Classes of ``model``'s transformer blocks (``LlamaDecoderLayer``, ``Qwen2DecoderLayer``, ...).
+
+    Read from Hugging Face's ``_no_split_modules`` (the blocks ``device_map`` never splits), or
+    else from the first ``layers`` ModuleList found. Only modules registered under ``model`` are
+    searched: the frozen reference model, held outside registration, is never wrapped.
+    """
+    classes = _layer_classes(model)
+    if not classes:
+        raise ValueError(
+            f"cannot find the decoder-layer class of {type(model).__name__}: no `_no_split_modules` names a module of it "
+            "and it has no `layers` ModuleList; give FSDP an explicit policy instead, e.g. trainer.strategy: "
+            "{class_path: lightning.pytorch.strategies.FSDPStrategy, init_args: {auto_wrap_policy: [<your block class>]}}"
+        )
+    return classes
+
+
+def _layer_classes(model: nn.Module) -> set[type[nn.Module]]:
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or [])
+    classes = {type(m) for m in model.modules() if type(m).__name__ in names}
+    if not classes:
+        for module in model.modules():
+            layers = getattr(module, "layers", None)
+            if isinstance(layers, nn.ModuleList) and len(layers):
+                classes.add(type(layers[0]))
+                break
+    return classes
+
+
+# -- FSDP1 (GPUs) ----------------------------------------------------------------------------
+class DecoderLayerFSDPStrategy(FSDPStrategy):
+    """Lightning's ``FSDPStrategy`` whose auto-wrap policy is the policy model's decoder-layer
+    class, found when the model is wrapped (a YAML cannot name the class of a model it has not
+    loaded yet). Every other argument is ``FSDPStrategy``'s.
+
+    Args:
+        checkpoint_decoder_layers: activation checkpointing of every decoder layer (recompute its
+            activations in the backward pass; saves memory, costs about a third more compute).
+        state_dict_type: ``sharded`` (each rank writes its shard; a checkpoint is a folder) or ``full``.
+    """
+
+    def __init__(self, checkpoint_decoder_layers: bool = False, state_dict_type: str = "sharded", **kwargs: Any):
+        for name in ("auto_wrap_policy", "activation_checkpointing_policy", "activation_checkpointing"):
+            if kwargs.pop(name, None) is not None:
+                raise ValueError(
+                    f"DecoderLayerFSDPStrategy sets {name} from the model's decoder layers; drop {name}, or use "
+                    "lightning.pytorch.strategies.FSDPStrategy to give your own"
+                )
+        super().__init__(state_dict_type=state_dict_type, **kwargs)
+        self.checkpoint_decoder_layers = checkpoint_decoder_layers
+
+    def wrap_policies(self, model: nn.Module) -> tuple[Any, dict]:
+        """``(auto-wrap policy, activation-checkpointing kwargs)`` for ``model``."""
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        classes = decoder_layer_classes(model)
+        checkpointing = {"auto_wrap_policy": ModuleWrapPolicy(classes)} if self.checkpoint_decoder_layers else {}
+        return ModuleWrapPolicy(classes), checkpointing
+
+    def _setup_model(self, model: nn.Module) -> nn.Module:
+        self.kwargs["auto_wrap_policy"], self._activation_checkpointing_kwargs = self.wrap_policies(model)
+        return super()._setup_model(model)
+
+
+# -- FSDP2 (ModelParallelStrategy; CPU/gloo and GPUs) -----------------------------------------
+def shard_fsdp2(model: nn.Module, mesh) -> nn.Module:
+    """``fully_shard`` each decoder layer, then ``model`` itself (Lightning's documented FSDP2
+    pattern); in place, returns ``model``. The root unit holds the embeddings, final norm and
+    (tied) LM head, so the model must be called as a whole, never its decoder alone.
+
+    A 2-D ``ModelParallelStrategy`` mesh (``data_parallel`` x ``tensor_parallel``) gives HSDP:
+    replicated over the first dimension (nodes by default), sharded over the second (the GPUs of a
+    node); no tensor parallelism is applied.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    classes = tuple(_layer_classes(model))  # none in a value head: it is one unit
+    if classes:
+        for module in list(model.modules()):
+            if isinstance(module, classes):
+                fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def is_sharded(strategy) -> bool:
+    """The strategy shards parameters (every forward is then a collective)."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    return isinstance(strategy, (FSDPStrategy, ModelParallelStrategy))
