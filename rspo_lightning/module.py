@@ -166,6 +166,10 @@ class AgentRLModule(pl.LightningModule):
             raise ValueError("data.reward_mode: dense needs a dense reward source: set model.dense_reward, "
                              "e.g. {class_path: rspo_lightning.rewards.EnvProgressReward}")
 
+    def teardown(self, stage: str) -> None:
+        if self.engine is not None:  # envs and their worker processes; the next rollout builds new ones
+            self.engine.close()
+
     def on_fit_start(self) -> None:
         if self.engine is not None:
             self.engine.env_errors = max(self.engine.env_errors, getattr(self, "_restored_env_errors", 0))
