@@ -646,7 +646,7 @@ class AgentRLModule(pl.LightningModule):
 
     def validation_step(self, batch: IterationBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
         split = batch.tasks[0].split if batch.tasks else "valid_seen"
-        prefix = "val" if split == "valid_seen" else f"val_{split.removeprefix('valid_')}"
+        prefix = "val" if split in ("valid_seen", "valid") else f"val_{split.removeprefix('valid_')}"
         runs = [("", False)] + ([("greedy_", True)] if self.val_greedy else [])
         for tag, greedy in runs:
             self._seed_rollout(f"{prefix}/{tag}{batch_idx}")

@@ -1,23 +1,62 @@
 """Every shipped RL config parses and instantiates its module, data module and trainer."""
 
 import glob
+import importlib.util
+import json
 import os
+import types
 
 import pytest
+import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(
     [os.path.join(ROOT, "configs", "quickstart.yaml")]
     + glob.glob(os.path.join(ROOT, "configs", "compare", "*.yaml"))
     + [p for p in glob.glob(os.path.join(ROOT, "configs", "household", "*.yaml")) if not p.endswith(("sft.yaml", "prm.yaml", "_from_sft.yaml"))]
+    + [p for env in ("shop", "textworld", "alfworld", "webshop") for p in glob.glob(os.path.join(ROOT, "configs", env, "*.yaml"))]
 )
+#: The env each per-env config folder must play.
+ENV_OF_FOLDER = {"shop": "rspo/Shop-v0", "textworld": "rspo/TextWorld-v0", "alfworld": "rspo/ALFWorld-v0",
+                 "webshop": "rspo/WebShop-v0"}
+
+
+def _stub_env_data(folder: str, path: str, tmp_path, monkeypatch) -> None:
+    """Stand-ins for the data the real-env adapters check when built (the data module builds the env
+    once to count tasks); the games themselves are never played here."""
+    if folder == "textworld":
+        # the config's own relative game paths, as empty files + the .json tw-make writes beside them
+        games = yaml.safe_load(open(path))["data"]["env"]["kwargs"]["games"]
+        monkeypatch.chdir(tmp_path)
+        for paths in games.values():
+            for game in paths:
+                os.makedirs(os.path.dirname(game), exist_ok=True)
+                for name in (game, game[: -len(".z8")] + ".json"):
+                    open(name, "w").close()
+    elif folder == "alfworld":
+        if importlib.util.find_spec("alfworld") is None:
+            pytest.skip("the ALFWorld configs need the alfworld package: pip install 'rspo_lightning[alfworld]'")
+        for split in ("train", "valid_seen", "valid_unseen"):  # one stub game per split, found by ALFWorld's rules
+            trial = tmp_path / "json_2.1.1" / split / "pick_and_place_simple-Pen-None-Desk-1" / "trial_1"
+            trial.mkdir(parents=True)
+            (trial / "traj_data.json").write_text(json.dumps({"task_type": "pick_and_place_simple"}))
+            (trial / "game.tw-pddl").write_text(json.dumps({"solvable": True}))
+        monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path))  # the configs leave data_dir to ALFWORLD_DATA
+    elif folder == "webshop":  # WebShop is not pip-installable: a text env with 12,087 goals (its human instructions)
+        from rspo_lightning.envs import webshop_env
+
+        stub = types.SimpleNamespace(server=types.SimpleNamespace(goals=[{}] * 12087, user_sessions={}), close=lambda: None)
+        monkeypatch.setattr(webshop_env, "make_text_env", lambda *args, **kwargs: stub)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.relpath(p, ROOT))
-def test_config_instantiates(path, tmp_path):
+def test_config_instantiates(path, tmp_path, monkeypatch):
     from rspo_lightning.cli import AgentCLI
     from rspo_lightning.datamodules import AgentDataModule
     from rspo_lightning.module import AgentRLModule
+
+    folder = os.path.basename(os.path.dirname(path))
+    _stub_env_data(folder, path, tmp_path, monkeypatch)
 
     args = ["--config", path, "--trainer.accelerator", "cpu", "--trainer.precision", "32-true",
             "--trainer.logger.init_args.save_dir", str(tmp_path)]
@@ -35,6 +74,14 @@ def test_config_instantiates(path, tmp_path):
     if name == "asym_ppo":
         assert cli.model.critic_cfg.kind == "separate" and cli.model.critic_cfg.privileged
     assert cli.datamodule.group_size >= 2
+    if folder in ENV_OF_FOLDER:
+        assert cli.datamodule.env.env_id == ENV_OF_FOLDER[folder]
+    if folder in ("alfworld", "textworld", "webshop"):  # the realistic (verl-agent-like) settings
+        kwargs = cli.datamodule.env.kwargs
+        assert cli.datamodule.group_size == 8 and cli.datamodule.groups_per_iteration == 16
+        assert kwargs["max_steps"] == (15 if folder == "webshop" else 50)
+        assert kwargs.get("success_reward", kwargs.get("reward_scale")) == 10.0
+        assert cli.model.policy_cfg.source.startswith("/path/to/")  # the placeholder the user sets
 
 
 def test_trainer_preset_combines_with_a_config(tmp_path):

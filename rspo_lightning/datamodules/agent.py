@@ -72,7 +72,7 @@ class AgentDataModule(pl.LightningDataModule):
         group_size: episodes per task group (G); >= 2 for group-relative estimators.
         iterations_per_epoch: RL iterations per Lightning epoch (validation runs at epoch ends).
         train_split: split the training tasks come from.
-        val_splits: splits validated on (``valid_seen`` logs as ``val/*``, others as ``val_<name>/*``).
+        val_splits: splits validated on (``valid_seen`` and ``valid`` log as ``val/*``, others as ``val_<name>/*``).
         num_val_tasks: tasks per validation split (capped by the split size; None = all).
         val_groups_per_batch: validation tasks per ``validation_step`` (one batched rollout).
         seed: seed of task sampling.

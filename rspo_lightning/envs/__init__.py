@@ -9,6 +9,7 @@ register_env("rspo/Shop-v0", "rspo_lightning.envs.shop:Shop")
 # adapters to the real packages (imported only when an env is made: pip install -e ".[textworld]" / ".[alfworld]")
 register_env("rspo/TextWorld-v0", "rspo_lightning.envs.textworld_env:TextWorld")
 register_env("rspo/ALFWorld-v0", "rspo_lightning.envs.alfworld_env:ALFWorld")
+register_env("rspo/WebShop-v0", "rspo_lightning.envs.webshop_env:WebShop")
 # fault injection around any env (reliability tests, benchmarks/soak.py)
 register_env("rspo/Faulty-v0", "rspo_lightning.envs.faults:FaultyEnv")
 
