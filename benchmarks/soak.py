@@ -67,7 +67,7 @@ def run(args, fault_rate: float) -> dict:
         "env_errors": module.engine.env_errors,
         "injected": injected,
         "skipped_steps": module.skipped_steps,
-        "worker_restarts": sum(pool.worker_restarts for pool in module.engine.pools.values()),
+        "worker_restarts": module.engine.worker_restarts,
         "val_start": module.initial_val_metrics.get("val/success_rate", float("nan")),
         "val_end": float(trainer.callback_metrics.get("val/success_rate", float("nan"))),
         "wall_s": time.time() - t0,
@@ -97,7 +97,7 @@ def main() -> None:
     print(f"env workers: {args.env_workers}, fault kinds: {' / '.join(args.modes)}\n")
     print("| run | iterations | episodes played | episodes lost | faults injected (raise/hang/garbage/die) | env errors caught | worker restarts | skipped optimizer steps | val success start → end | wall s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for name, r in (("fault-free", clean), (f"{args.fault_rate:.0%} faults", faulty)):
+    for name, r in (("fault-free", clean), (f"{args.fault_rate:.1%} faults", faulty)):
         inj = r["injected"]
         injected = "/".join(str(inj[m]) for m in ("raise", "hang", "garbage", "die")) if not args.env_workers else "(in the workers)"
         print(f"| {name} | {r['iterations']} | {r['episodes']} | {r['dropped']} | {injected} | "

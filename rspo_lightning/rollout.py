@@ -185,6 +185,7 @@ class RolloutEngine:
         self.pools: dict[str, EnvPool] = {}
         self._trie_cache: dict[tuple[str, ...], ActionTrie] = {}
         self.env_errors = 0  # faulty env calls so far (their episodes were dropped)
+        self._closed_restarts = 0
         self.lockstep: Callable[[int], int] | None = None
         self.synced_gpus = False
         eos = tokenizer.eos_token_id
@@ -204,8 +205,14 @@ class RolloutEngine:
     def close(self) -> None:
         """Close every environment (and worker process); the next ``collect`` builds new ones."""
         for pool in self.pools.values():
+            self._closed_restarts += pool.worker_restarts
             pool.close()
         self.pools.clear()
+
+    @property
+    def worker_restarts(self) -> int:
+        """Environment worker processes replaced so far (they died or hung), closed pools included."""
+        return self._closed_restarts + sum(pool.worker_restarts for pool in self.pools.values())
 
     def _pool(self, env_id: str, n: int) -> EnvPool:
         pool = self.pools.get(env_id)

@@ -97,7 +97,7 @@ def test_an_env_that_kills_its_worker_costs_only_the_episodes_of_that_worker(tin
         long = [t for t in trajs if t.env_error is not None]
         assert len(trajs) == 4 and all(len(t.turns) == 2 and "worker process died" in t.env_error for t in long)
         assert all(t.success or len(t.turns) <= 2 for t in trajs) and engine.env_errors == len(long) > 0
-        assert engine.pools["rspo/Faulty-v0"].worker_restarts >= 1
+        assert engine.pools["rspo/Faulty-v0"].worker_restarts == engine.worker_restarts >= 1
         # the next collect works on the replacement workers
         assert len(engine.collect([TaskSpec("rspo/Faulty-v0", "train", 5, 5)], 2)) == 2
     finally:
