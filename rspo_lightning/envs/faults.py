@@ -60,7 +60,8 @@ class FaultyEnv(gymnasium.Wrapper):
         self.fault_rate, self.modes, self.fault_at_step = fault_rate, list(modes), fault_at_step
         self.hang_s, self.on_reset = hang_s, on_reset
         # each instance of a pool draws its own stream (same seed, same order of creation = same faults)
-        self.rng = random.Random(f"{seed}/{next(FaultyEnv._instances)}")
+        # (in a pool's worker processes the worker's name keeps the streams of different workers apart)
+        self.rng = random.Random(f"{seed}/{os.environ.get(WORKER_ENV_VAR, '')}/{next(FaultyEnv._instances)}")
         self.faults = {m: 0 for m in MODES}
         self._step = 0
 

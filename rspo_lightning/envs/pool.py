@@ -167,9 +167,9 @@ class _LocalEnvs:
         self.call.shutdown()
 
 
-def _worker_main(conn, env_id: str, env_kwargs: dict, timeout_s: float | None) -> None:
+def _worker_main(conn, env_id: str, env_kwargs: dict, timeout_s: float | None, name: str) -> None:
     """A worker process: builds its envs and answers batches of calls, one message per call."""
-    os.environ[WORKER_ENV_VAR] = "1"
+    os.environ[WORKER_ENV_VAR] = name
     local = _LocalEnvs(env_id, env_kwargs, timeout_s)
     try:
         while True:
@@ -281,7 +281,7 @@ class EnvPool:
     # -- workers -------------------------------------------------------------------------
     def _start_worker(self, w: int) -> None:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker_main, args=(child, self.env_id, self.env_kwargs, self.timeout_s),
+        proc = self._ctx.Process(target=_worker_main, args=(child, self.env_id, self.env_kwargs, self.timeout_s, f"{w}.{self.worker_restarts}"),
                                  name=f"rspo-env-{w}", daemon=True)
         proc.start()
         child.close()
