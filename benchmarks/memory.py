@@ -7,6 +7,7 @@ a maximum. Prints the four peaks and the two ratios RSPO / GRPO.
 
     python benchmarks/memory.py --smollm2      # SmolLM2-135M-Instruct (weights dominate: the meaningful case)
     python benchmarks/memory.py                # tiny model (framework overhead dominates)
+    python benchmarks/memory.py --smollm2 --groups 2 --max-steps 2 --ppo-epochs 1   # a shorter SmolLM2 run
 
 Targets (issue 6): LoRA RSPO <= 1.15 x LoRA GRPO; full RSPO <= 2.2 x full GRPO.
 The last line is ``memory_ratio_lora: <ratio>``.
@@ -37,16 +38,27 @@ def peak_rss_mb(cmd: list[str]) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smollm2", action="store_true")
+    p.add_argument("--groups", type=int, default=4, help="task groups per iteration")
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--max-steps", type=int, default=None, help="turn cap (default: 3 with --smollm2, the config's 10 otherwise)")
+    p.add_argument("--ppo-epochs", type=int, default=None, help="PPO epochs (default: the config's 2)")
     args = p.parse_args()
     out = tempfile.mkdtemp(prefix="rspo_mem_")
     common = ["--trainer.max_epochs=1", "--data.iterations_per_epoch=3", "--trainer.num_sanity_val_steps=0",
               "--trainer.limit_val_batches=0", "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
-              f"--trainer.logger.init_args.save_dir={out}", "--data.groups_per_iteration=4", "--data.group_size=4"]
+              f"--trainer.logger.init_args.save_dir={out}", f"--data.groups_per_iteration={args.groups}",
+              f"--data.group_size={args.group_size}"]
+    if args.ppo_epochs is not None:
+        common.append(f"--model.algorithm.ppo_epochs={args.ppo_epochs}")
+    max_steps = args.max_steps or (3 if args.smollm2 else None)
     if args.smollm2:
         common += ["--model.policy.source=smollm2", "--model.rollout.constrained_decoding=false",
                    "--model.rollout.template=household", "--model.rollout.max_new_tokens=32",
                    "--model.algorithm.minibatch_size=16", "--model.algorithm.micro_batch_size=4",
-                   '--data.env.kwargs={"task_types": ["pick_and_place"], "num_receptacles": 4, "max_steps": 3}']
+                   '--data.env.kwargs={"task_types": ["pick_and_place"], "num_receptacles": 4, "max_steps": %d}' % max_steps]
+    elif max_steps is not None:
+        common.append('--data.env.kwargs={"task_types": ["pick_and_place"], "num_receptacles": 4, "num_distractors": 1, '
+                      '"num_object_types": 8, "max_steps": %d, "info_actions": false}' % max_steps)
     lora = ['--model.policy.lora={"r": 16, "alpha": 32}']
     rspo = ["--trainer.callbacks.init_args.k=1"]
     variants = {

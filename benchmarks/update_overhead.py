@@ -14,6 +14,7 @@ They alternate ``--repeats`` times after a warm-up; the median ratio is printed.
 
     python benchmarks/update_overhead.py              # tiny quickstart model
     python benchmarks/update_overhead.py --smollm2    # SmolLM2-135M-Instruct
+    python benchmarks/update_overhead.py --smollm2 --groups 1 --max-steps 2   # smaller batch (~8 rows)
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def main() -> None:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--max-steps", type=int, default=ENV["max_steps"], help="turn cap of the collected episodes")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -63,7 +65,7 @@ def main() -> None:
     else:
         policy = PolicyConfig(tiny=TinyModelConfig(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256))
         rollout = RolloutConfig(constrained_decoding=True, max_new_tokens=12, template="compact", system_prompt="")
-    module = AgentRLModule(policy=policy, env=EnvConfig(kwargs=ENV), rollout=rollout, optim=OptimConfig(lr=1e-5),
+    module = AgentRLModule(policy=policy, env=EnvConfig(kwargs=dict(ENV, max_steps=args.max_steps)), rollout=rollout, optim=OptimConfig(lr=1e-5),
                            algorithm=AlgorithmConfig(ppo_epochs=1, minibatch_size=10**6, recompute_old_logprobs=False))
     module.configure_model()
     torch.manual_seed(0)
