@@ -106,14 +106,18 @@ def render_prompt(
     )
 
 
-def chat_prompt_ids(tokenizer, user_message: str, system_prompt: str | None = SYSTEM_PROMPT) -> list[int]:
-    """Token ids of the chat-formatted prompt, ending with the assistant generation prompt."""
+def chat_prompt_text(tokenizer, user_message: str, system_prompt: str | None = SYSTEM_PROMPT) -> str:
+    """The chat-formatted prompt text, ending with the assistant generation prompt."""
     messages = []
     if system_prompt:
         messages.append({"role": "system", "content": system_prompt})
     messages.append({"role": "user", "content": user_message})
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def chat_prompt_ids(tokenizer, user_message: str, system_prompt: str | None = SYSTEM_PROMPT) -> list[int]:
+    """Token ids of the chat-formatted prompt, ending with the assistant generation prompt."""
+    return tokenizer(chat_prompt_text(tokenizer, user_message, system_prompt), add_special_tokens=False)["input_ids"]
 
 
 def template_texts() -> list[str]:
@@ -155,16 +159,7 @@ def build_turn_prompt(
     global _TRUNCATION_WARNED
 
     def render(window: int, obs: str) -> list[int]:
-        text = render_prompt(
-            rollout_cfg.template,
-            task=str(info.get("task", "")),
-            observation=obs,
-            admissible=info.get("admissible_actions"),
-            history=history,
-            step=step,
-            history_window=window,
-        )
-        return chat_prompt_ids(tokenizer, text, rollout_cfg.system_prompt or None)
+        return tokenizer(_turn_text(tokenizer, rollout_cfg, info, obs, history, step, window), add_special_tokens=False)["input_ids"]
 
     window = rollout_cfg.history_window
     ids = render(window, observation)
@@ -193,3 +188,27 @@ def build_turn_prompt(
 def action_response_ids(tokenizer, action: str) -> list[int]:
     """Token ids of ``"<action> {action} </action>"`` (what constrained decoding emits; no eos)."""
     return tokenizer(f"{ACTION_OPEN} {action} {ACTION_CLOSE}", add_special_tokens=False)["input_ids"]
+
+
+def _turn_text(tokenizer, rollout_cfg, info: dict, observation: str, history: Sequence[HistoryEntry], step: int, window: int) -> str:
+    text = render_prompt(
+        rollout_cfg.template,
+        task=str(info.get("task", "")),
+        observation=observation,
+        admissible=info.get("admissible_actions"),
+        history=history,
+        step=step,
+        history_window=window,
+    )
+    return chat_prompt_text(tokenizer, text, rollout_cfg.system_prompt or None)
+
+
+def build_turn_prompts(tokenizer, rollout_cfg, turns: Sequence[tuple[dict, str, Sequence[HistoryEntry], int]],
+                       max_tokens: int | None = None) -> list[list[int]]:
+    """``build_turn_prompt`` of many ``(info, observation, history, step)`` turns: the same ids,
+    tokenised in one batched call (prompts over ``max_tokens`` are then shrunk one by one)."""
+    texts = [_turn_text(tokenizer, rollout_cfg, *turn, rollout_cfg.history_window) for turn in turns]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    return [row if max_tokens is None or len(row) <= max_tokens else build_turn_prompt(tokenizer, rollout_cfg, *turn, max_tokens)
+            for row, turn in zip(ids, turns)]
+

@@ -21,7 +21,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from rspo_lightning.batching import left_pad
 from rspo_lightning.envs.pool import EnvFault, EnvPool
 from rspo_lightning.parsing import parse_response
-from rspo_lightning.prompts import ACTION_CLOSE, HistoryEntry, action_response_ids, build_turn_prompt
+from rspo_lightning.prompts import ACTION_CLOSE, HistoryEntry, action_response_ids, build_turn_prompts
 from rspo_lightning.types import TaskSpec, Trajectory, Turn
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ torch.serialization.add_safe_globals([RolloutConfig])  # a checkpoint hyper-para
 
 
 class ActionTrie:
-    """Prefix trie over token-id sequences; ``children(prefix)`` lists the allowed next ids."""
+    """Prefix trie over token-id sequences (nested dicts keyed by token id)."""
 
     def __init__(self, sequences: Sequence[Sequence[int]]):
         self.root: dict[int, dict] = {}
@@ -94,6 +94,15 @@ class ActionTrie:
             node = self.root
             for tok in seq:
                 node = node.setdefault(int(tok), {})
+        self._allowed: dict[int, tuple[list[int], torch.Tensor]] = {}  # id(node) -> its child ids, list and tensor
+
+    def allowed(self, node: dict) -> tuple[list[int], torch.Tensor]:
+        """The ids allowed after ``node`` (a non-empty node of this trie), computed once per node."""
+        hit = self._allowed.get(id(node))
+        if hit is None:
+            ids = list(node)
+            hit = self._allowed[id(node)] = (ids, torch.tensor(ids, dtype=torch.long))
+        return hit
 
 
 class TrieConstraint(LogitsProcessor):
@@ -104,27 +113,29 @@ class TrieConstraint(LogitsProcessor):
     """
 
     def __init__(self, tries: list[ActionTrie], prompt_len: int, pad_id: int):
+        self.tries = tries
         self.nodes: list[dict | None] = [t.root for t in tries]
         self.prompt_len = prompt_len
         self.pad_id = pad_id
         self.allowed: list[list[list[int]]] = [[] for _ in tries]
+        self._pad = ([pad_id], torch.tensor([pad_id], dtype=torch.long))
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         step = input_ids.shape[1] - self.prompt_len
         last = input_ids[:, -1].tolist() if step > 0 else None
-        rows: list[int] = []
-        cols: list[int] = []
+        lists, tensors = [], []
         for row in range(scores.shape[0]):
             node = self.nodes[row]
             if step > 0 and node is not None:
                 node = node.get(last[row])
                 self.nodes[row] = node
-            ids = list(node) if node else [self.pad_id]
+            ids, ids_t = self.tries[row].allowed(node) if node else self._pad
             self.allowed[row].append(ids)
-            rows.extend([row] * len(ids))
-            cols.extend(ids)
+            lists.append(len(ids))
+            tensors.append(ids_t)
+        rows = torch.repeat_interleave(torch.arange(scores.shape[0]), torch.tensor(lists))
         mask = torch.full_like(scores, float("-inf"))
-        mask[torch.tensor(rows, device=scores.device), torch.tensor(cols, device=scores.device)] = 0.0
+        mask[rows.to(scores.device), torch.cat(tensors).to(scores.device)] = 0.0
         return scores + mask
 
 
@@ -325,10 +336,8 @@ class RolloutEngine:
         tok = self.tokenizer
         prompts, responses, logprobs, allowed = [], [], [], []
         for part in chunks:
-            part_prompts = [
-                build_turn_prompt(tok, cfg, ep.info, ep.observation, ep.history, len(ep.traj.turns), self.max_prompt_tokens)
-                for ep in part
-            ]
+            part_prompts = build_turn_prompts(
+                tok, cfg, [(ep.info, ep.observation, ep.history, len(ep.traj.turns)) for ep in part], self.max_prompt_tokens)
             r, lp, al = self.generate(part_prompts, temperature, greedy, [ep.info.get("admissible_actions") for ep in part])
             prompts += part_prompts
             responses += r

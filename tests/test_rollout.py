@@ -138,3 +138,18 @@ def test_prompt_over_the_context_drops_history_then_cuts_the_observation(tiny_po
     assert sum("exceeds the model's context" in str(w.message) for w in caught) == 1
     # an absurd budget still returns a list that fits, never an index error
     assert len(build_turn_prompt(tok, cfg, info, obs, history, 3, max_tokens=3)) <= 3
+
+
+def test_batched_prompt_building_gives_the_ids_of_one_by_one(tiny_policy):
+    from rspo_lightning.prompts import HistoryEntry, build_turn_prompt, build_turn_prompts
+
+    _, tok = tiny_policy
+    cfg = RolloutConfig(template="compact", history_window=2, system_prompt="")
+    info = {"task": "put a apple in fridge.", "admissible_actions": ["go to fridge 1", "go to shelf 1"]}
+    turns = [(info, "You arrive at fridge 1. " * k, [HistoryEntry("You arrive at shelf 1.", "go to shelf 1")] * k, k) for k in range(5)]
+    one_by_one = [build_turn_prompt(tok, cfg, *t) for t in turns]
+    assert build_turn_prompts(tok, cfg, turns) == one_by_one and len(set(map(len, one_by_one))) == 5
+    # with a budget the long ones are shrunk exactly as alone
+    budget = len(one_by_one[2])
+    assert build_turn_prompts(tok, cfg, turns, budget) == [build_turn_prompt(tok, cfg, *t, budget) for t in turns]
+    assert build_turn_prompts(tok, cfg, []) == []
