@@ -153,3 +153,21 @@ def test_batched_prompt_building_gives_the_ids_of_one_by_one(tiny_policy):
     budget = len(one_by_one[2])
     assert build_turn_prompts(tok, cfg, turns, budget) == [build_turn_prompt(tok, cfg, *t, budget) for t in turns]
     assert build_turn_prompts(tok, cfg, []) == []
+
+
+def test_chat_template_reuse_is_exact_and_falls_back_for_templates_that_change_the_message(tiny_policy):
+    import copy
+
+    from rspo_lightning.prompts import _apply_chat_template, chat_prompt_text
+
+    _, tok = tiny_policy
+    trimming = copy.deepcopy(tok)
+    trimming.chat_template = tok.chat_template.replace("message['content']", "(message['content'] | trim)")
+    for t in (tok, trimming):
+        for msg in ("go to fridge 1", "  padded  ", "two\nlines", ""):
+            for system in (None, "be brief"):
+                assert chat_prompt_text(t, msg, system) == _apply_chat_template(t, msg, system)
+    assert set(tok._rspo_chat_parts.values()) != {None}  # reused where it is exact
+    mine = {v for (template, _), v in trimming._rspo_chat_parts.items() if template == trimming.chat_template}
+    assert mine == {None}  # rendered every time where the template trims
+    assert "  padded  " not in chat_prompt_text(trimming, "  padded  ", None)  # trimmed, as the template says
