@@ -141,3 +141,16 @@ def test_calls_answered_by_a_worker_that_then_died_are_faults_too():
         fine = [i for i in range(6) if not faulty[i]]
         stepped = pool.step([(i, results[i][1]["admissible_actions"][0]) for i in fine])
         assert all(isinstance(r, tuple) or "worker process died" in str(r) for r in stepped)  # never "step before reset"
+
+
+def test_a_batch_of_calls_with_one_hung_call_in_the_middle():
+    from rspo_lightning.envs.pool import _TimedCaller
+
+    caller = _TimedCaller(0.3)
+    t0 = time.perf_counter()
+    out = caller.run([lambda: 1, lambda: time.sleep(3), lambda: 1 / 0, lambda: 4])
+    assert time.perf_counter() - t0 < 2  # cut at 0.3 s, not waited out
+    assert out[0] == (True, 1) and out[3] == (True, 4)
+    assert not out[1][0] and isinstance(out[1][1], EnvFault) and "timed out after 0.3 s" in str(out[1][1])
+    assert not out[2][0] and isinstance(out[2][1], ZeroDivisionError)
+    assert _TimedCaller(None).run([lambda: 2]) == [(True, 2)]

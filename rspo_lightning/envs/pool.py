@@ -73,53 +73,73 @@ _CHECKS = {"reset": check_reset, "step": check_step}
 
 
 class _TimedCaller:
-    """Runs env calls with a timeout on a daemon helper thread; a call past the timeout is abandoned
-    (its thread keeps running but, being a daemon, never holds up the process's exit)."""
+    """Runs env calls on a daemon helper thread, each with a timeout; a call past its timeout is
+    abandoned (its thread keeps running but, being a daemon, never holds up the process's exit).
+    A batch of calls is one hand-off to the thread, not one per call."""
 
     def __init__(self, timeout_s: float | None):
         self.timeout_s = timeout_s
         self._jobs: queue.SimpleQueue | None = None
 
     @staticmethod
-    def _serve(jobs: queue.SimpleQueue) -> None:
+    def _outcome(fn: Callable[[], Any]) -> tuple[bool, Any]:
+        try:
+            return True, fn()
+        except Exception as exc:  # noqa: BLE001 - an env fault of any kind costs only its episode
+            return False, exc
+
+    @classmethod
+    def _serve(cls, jobs: queue.SimpleQueue) -> None:
         while True:
             job = jobs.get()
             if job is None:
                 return
-            fn, args, kwargs, box, done = job
-            try:
-                box.append((True, fn(*args, **kwargs)))
-            except BaseException as exc:  # noqa: BLE001 - handed back to the caller
-                box.append((False, exc))
-            done.set()
+            fns, results, cond = job
+            for fn in fns:
+                outcome = cls._outcome(fn)
+                with cond:
+                    results.append(outcome)
+                    cond.notify()
 
-    def __call__(self, fn: Callable, *args, **kwargs) -> Any:
-        """``fn(*args, **kwargs)``; any exception or a timeout becomes EnvFault."""
-        try:
-            if self.timeout_s is None:
-                return fn(*args, **kwargs)
+    def run(self, fns: list[Callable[[], Any]]) -> list[tuple[bool, Any]]:
+        """Per call ``(True, return value)`` or ``(False, exception)``; a call that takes longer than
+        the timeout (counted from the end of the previous one) gets ``(False, EnvFault)`` and the
+        calls after it go on in a fresh thread."""
+        if self.timeout_s is None:
+            return [self._outcome(fn) for fn in fns]
+        out: list[tuple[bool, Any]] = []
+        while len(out) < len(fns):
+            todo = fns[len(out):]
             if self._jobs is None:
                 self._jobs = queue.SimpleQueue()
                 threading.Thread(target=self._serve, args=(self._jobs,), name="env-call", daemon=True).start()
-            box: list = []
-            done = threading.Event()
-            self._jobs.put((fn, args, kwargs, box, done))
-            if not done.wait(self.timeout_s):
-                self._jobs = None  # the stuck thread keeps its queue; the next call starts a fresh thread
-                raise EnvFault(f"timed out after {self.timeout_s} s")
-            ok, value = box[0]
-            if not ok:
-                raise value
-            return value
-        except EnvFault:
-            raise
-        except Exception as exc:  # noqa: BLE001 - an env fault of any kind costs only its episode
-            raise EnvFault(f"{type(exc).__name__}: {exc}") from exc
+            results: list[tuple[bool, Any]] = []
+            cond = threading.Condition()
+            with cond:
+                self._jobs.put((todo, results, cond))
+                while len(results) < len(todo):
+                    n = len(results)
+                    if not cond.wait_for(lambda: len(results) > n, timeout=self.timeout_s):
+                        break
+                done = list(results)
+            out.extend(done)
+            if len(done) < len(todo):  # stuck: leave that thread behind, the next calls get a fresh one
+                self._jobs = None
+                out.append((False, EnvFault(f"timed out after {self.timeout_s} s")))
+        return out
 
     def shutdown(self) -> None:
         if self._jobs is not None:
             self._jobs.put(None)
             self._jobs = None
+
+
+def _bind(env, op: str, arg) -> Callable[[], Any]:
+    if env is None:
+        def missing():
+            raise RuntimeError("the env could not be rebuilt after an earlier fault")
+        return missing
+    return (lambda: env.reset(options=arg)) if op == "reset" else (lambda: env.step(arg))
 
 
 class _LocalEnvs:
@@ -144,22 +164,26 @@ class _LocalEnvs:
             except Exception:  # noqa: BLE001 - a broken env may fail to close too
                 pass
 
-    def run(self, op: str, i: int, arg) -> tuple[bool, Any]:
-        """One call: (True, checked result) or (False, fault message); a faulty env is rebuilt."""
-        try:
-            env = self.envs[i]
-            out = self.call(env.reset, options=arg) if op == "reset" else self.call(env.step, arg)
-            return True, _CHECKS[op](out)
-        except EnvFault as fault:
-            message = str(fault)
-        except Exception as exc:  # noqa: BLE001 - e.g. the env failed to build
-            message = f"{type(exc).__name__}: {exc}"
-        try:
-            self.make(i)
-        except Exception as exc:  # noqa: BLE001 - rebuilt on the next reset instead
-            self.envs.pop(i, None)
-            message += f" (rebuilding the env failed too: {type(exc).__name__}: {exc})"
-        return False, f"{op}: {message}"
+    def run(self, calls: list[tuple[str, int, Any]]) -> list[tuple[bool, Any]]:
+        """Per call (True, checked result) or (False, fault message); a faulty env is rebuilt."""
+        outcomes = self.call.run([_bind(self.envs.get(i), op, arg) for op, i, arg in calls])
+        replies = []
+        for (op, i, _), (ok, value) in zip(calls, outcomes):
+            if ok:
+                try:
+                    replies.append((True, _CHECKS[op](value)))
+                    continue
+                except EnvFault as fault:
+                    message = str(fault)
+            else:
+                message = str(value) if isinstance(value, EnvFault) else f"{type(value).__name__}: {value}"
+            try:
+                self.make(i)
+            except Exception as exc:  # noqa: BLE001 - rebuilt on the next reset instead
+                self.envs.pop(i, None)
+                message += f" (rebuilding the env failed too: {type(exc).__name__}: {exc})"
+            replies.append((False, f"{op}: {message}"))
+        return replies
 
     def close(self) -> None:
         for i in list(self.envs):
@@ -185,8 +209,8 @@ def _worker_main(conn, env_id: str, env_kwargs: dict, timeout_s: float | None, n
                         reply = (i, True, local.make(i))
                     except Exception as exc:  # noqa: BLE001
                         reply = (i, False, f"make: {type(exc).__name__}: {exc}")
-                else:
-                    ok, value = local.run(op, i, arg)
+                else:  # one call at a time: a reply per call keeps the pool's liveness check per call
+                    ((ok, value),) = local.run([(op, i, arg)])
                     reply = (i, ok, value)
                 try:
                     conn.send(reply)
@@ -267,7 +291,7 @@ class EnvPool:
         if self._closed:
             raise RuntimeError(f"EnvPool({self.env_id}) is closed")
         if self._local is not None:
-            replies = [(i, *self._local.run(op, i, arg)) for op, i, arg in calls]
+            replies = [(i, *r) for (_, i, _), r in zip(calls, self._local.run(calls))]
         else:
             replies = self._batch(calls)
         out = []
