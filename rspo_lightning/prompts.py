@@ -210,9 +210,13 @@ def build_turn_prompt(
     return ids[-max_tokens:] if len(ids) > max_tokens else ids
 
 
-def action_response_ids(tokenizer, action: str) -> list[int]:
-    """Token ids of ``"<action> {action} </action>"`` (what constrained decoding emits; no eos)."""
-    return tokenizer(f"{ACTION_OPEN} {action} {ACTION_CLOSE}", add_special_tokens=False)["input_ids"]
+def action_response_ids(tokenizer, action: str | Sequence[str]) -> list[int] | list[list[int]]:
+    """Token ids of ``"<action> {action} </action>"`` (what constrained decoding emits; no eos);
+    a list of actions gives a list of id lists, tokenised in one call."""
+    if isinstance(action, str):
+        return tokenizer(f"{ACTION_OPEN} {action} {ACTION_CLOSE}", add_special_tokens=False)["input_ids"]
+    texts = [f"{ACTION_OPEN} {a} {ACTION_CLOSE}" for a in action]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
 
 def _turn_text(tokenizer, rollout_cfg, info: dict, observation: str, history: Sequence[HistoryEntry], step: int, window: int) -> str:

@@ -195,6 +195,7 @@ class RolloutEngine:
         self.env_kwargs = dict(env_kwargs or {})
         self.pools: dict[str, EnvPool] = {}
         self._trie_cache: dict[tuple[str, ...], ActionTrie] = {}
+        self._action_ids: dict[str, list[int]] = {}  # "<action> a </action>" ids per admissible action
         self.env_errors = 0  # faulty env calls so far (their episodes were dropped)
         self._closed_restarts = 0
         self.lockstep: Callable[[int], int] | None = None
@@ -246,7 +247,13 @@ class RolloutEngine:
         key = tuple(admissible)
         trie = self._trie_cache.get(key)
         if trie is None:
-            trie = ActionTrie([action_response_ids(self.tokenizer, a) for a in admissible])
+            new = [a for a in dict.fromkeys(admissible) if a not in self._action_ids]
+            if new:  # tokenised once per action string, in one call
+                if len(self._action_ids) > 200000:
+                    self._action_ids.clear()
+                    new = list(dict.fromkeys(admissible))
+                self._action_ids.update(zip(new, action_response_ids(self.tokenizer, new)))
+            trie = ActionTrie([self._action_ids[a] for a in admissible])
             if len(self._trie_cache) > 20000:
                 self._trie_cache.clear()
             self._trie_cache[key] = trie
@@ -450,11 +457,8 @@ class RolloutEngine:
             lps.append(logprobs[i, :n].clone())
             if constraint is not None:
                 rows = constraint.allowed[i][:n]
-                k = max(len(r) for r in rows)
-                a = torch.full((n, k), -1, dtype=torch.long)
-                for j, r in enumerate(rows):
-                    a[j, : len(r)] = torch.tensor(r, dtype=torch.long)
-                allowed.append(a)
+                k = max((len(r) for r in rows), default=1)
+                allowed.append(torch.tensor([r + [-1] * (k - len(r)) for r in rows], dtype=torch.long).reshape(n, k))
             else:
                 allowed.append(None)
         self.stats["generated_tokens"] += int(lengths.sum())

@@ -171,3 +171,12 @@ def test_chat_template_reuse_is_exact_and_falls_back_for_templates_that_change_t
     mine = {v for (template, _), v in trimming._rspo_chat_parts.items() if template == trimming.chat_template}
     assert mine == {None}  # rendered every time where the template trims
     assert "  padded  " not in chat_prompt_text(trimming, "  padded  ", None)  # trimmed, as the template says
+
+
+def test_action_ids_in_one_call_equal_one_by_one(tiny_policy):
+    from rspo_lightning.prompts import action_response_ids
+
+    _, tok = tiny_policy
+    actions = ["go to fridge 1", "take apple 1 from countertop 1", "look"]
+    assert action_response_ids(tok, actions) == [action_response_ids(tok, a) for a in actions]
+    assert action_response_ids(tok, []) == []
