@@ -203,7 +203,7 @@ class RolloutEngine:
         eos = tokenizer.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
-        self.stats = {"generated_tokens": 0, "generate_s": 0.0, "env_s": 0.0}
+        self.stats = {"generated_tokens": 0, "generate_s": 0.0}
         context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         # Prompts longer than this are shrunk (history first, then the observation's middle).
         self.max_prompt_tokens = context - config.max_new_tokens if context else None
@@ -296,7 +296,6 @@ class RolloutEngine:
                 next_index[task.env_id] += 1
                 traj = Trajectory(task=task, policy_tag=policy_tag, iteration=iteration)
                 episodes.append(_Episode(task, pools[task.env_id], index, traj, "", {}, []))
-        t_env = time.perf_counter()
         for eid, pool in pools.items():
             mine = [ep for ep in episodes if ep.task.env_id == eid]
             results = pool.reset([(ep.index, {"split": ep.task.split, "task_id": ep.task.task_id}) for ep in mine])
@@ -307,7 +306,6 @@ class RolloutEngine:
                 ep.observation, ep.info = result
                 ep.traj.task_type = str(ep.info.get("task_type", ""))
                 ep.traj.initial_progress = float(ep.info.get("progress", 0.0))
-        self.stats["env_s"] += time.perf_counter() - t_env
 
         was_training = self.model.training
         self.model.eval()
@@ -355,13 +353,11 @@ class RolloutEngine:
             text = tok.decode(resp, skip_special_tokens=True)
             parsed.append((text, parse_response(text, ep.info.get("admissible_actions"), require_admissible=cfg.require_admissible,
                                                 require_think=cfg.require_think)))
-        t_env = time.perf_counter()
         results: dict[int, object] = {}
         for pool in {id(ep.pool): ep.pool for ep in active}.values():
             mine = [k for k, ep in enumerate(active) if ep.pool is pool]
             stepped = pool.step([(active[k].index, parsed[k][1].action if parsed[k][1].valid else "") for k in mine])
             results.update(zip(mine, stepped))
-        self.stats["env_s"] += time.perf_counter() - t_env
         for k, ep in enumerate(active):
             result = results[k]
             if isinstance(result, EnvFault):
