@@ -1,14 +1,16 @@
 """Rollout overhead: ``RolloutEngine.collect`` on Household vs raw ``model.generate`` on the very
 same prompts and lengths, measured side by side in one run.
 
-Every batched ``generate`` call the engine makes is recorded (its left-padded prompts and how
-many tokens it generated); the raw side replays exactly those calls with ``model.generate``
-alone (same sampling, forced to the same number of new tokens, no logits processor, no env,
-no prompt building, no parsing). Both sides count the same generated tokens, so
+Right after each batched ``generate`` call the engine makes, the raw side makes the same call
+with ``model.generate`` alone: the same left-padded prompts, the same sampling, forced to the same
+number of new tokens, no logits processor, no env, no prompt building, no parsing. That call is
+timed on its own clock and its time is taken out of the engine's, so the two sides run
+interleaved call by call (a slow spell of the machine hits both) and count the same generated
+tokens:
 
     rollout_ratio = (engine tokens / engine seconds) / (raw tokens / raw seconds) = raw s / engine s.
 
-Engine and raw runs alternate ``--repeats`` times after a warm-up; the median ratio is printed.
+``--repeats`` collects follow a warm-up; the median ratio is printed.
 
     python benchmarks/rollout_overhead.py                 # tiny quickstart model, constrained decoding
     python benchmarks/rollout_overhead.py --smollm2       # SmolLM2-135M-Instruct, free generation
@@ -17,6 +19,7 @@ Engine and raw runs alternate ``--repeats`` times after a warm-up; the median ra
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 
@@ -59,42 +62,51 @@ def main() -> None:
     if args.smollm2:
         args.groups, args.group_size = min(args.groups, 2), min(args.group_size, 4)
     model, tok, engine = build(args.smollm2)
+    gc.collect()
+    gc.freeze()  # as AgentRLModule.setup does before training: the startup heap is left out of collections
     original = model.generate
-    calls: list[tuple[torch.Tensor, torch.Tensor, int]] = []
+    replay = {"seconds": 0.0, "calls": 0, "engine_generate": 0.0}
 
-    def recording_generate(input_ids=None, attention_mask=None, **kw):
+    @torch.no_grad()
+    def raw_generate(ids: torch.Tensor, mask: torch.Tensor, steps: int) -> None:
+        original(input_ids=ids, attention_mask=mask, do_sample=True, temperature=engine.config.temperature, top_k=0,
+                 top_p=None, max_new_tokens=steps, min_new_tokens=steps, pad_token_id=engine.pad_id)
+
+    def side_by_side_generate(input_ids=None, attention_mask=None, **kw):
+        """The engine's own call, then raw generate on the same prompts for as many tokens (timed
+        apart, outside the engine's clock; its random draws do not touch the engine's)."""
+        t0 = time.perf_counter()
         out = original(input_ids=input_ids, attention_mask=attention_mask, **kw)
-        calls.append((input_ids.clone(), attention_mask.clone(), out.sequences.shape[1] - input_ids.shape[1]))
+        replay["engine_generate"] += time.perf_counter() - t0
+        steps = out.sequences.shape[1] - input_ids.shape[1]
+        with torch.random.fork_rng(devices=[]):
+            t0 = time.perf_counter()
+            raw_generate(input_ids, attention_mask, steps)
+            replay["seconds"] += time.perf_counter() - t0
+        replay["calls"] += 1
         return out
 
-    model.generate = recording_generate
+    model.generate = side_by_side_generate
 
-    def engine_run(seed: int) -> tuple[float, int, list]:
-        calls.clear()
+    def run(seed: int) -> tuple[float, float, int, int, float]:
+        replay.update(seconds=0.0, calls=0, engine_generate=0.0)
         torch.manual_seed(seed)
         tokens0 = engine.stats["generated_tokens"]
         tasks = [TaskSpec("rspo/Household-v0", "train", 1000 * seed + g, g) for g in range(args.groups)]
         t0 = time.perf_counter()
         engine.collect(tasks, args.group_size)
-        return time.perf_counter() - t0, engine.stats["generated_tokens"] - tokens0, list(calls)
+        wall = time.perf_counter() - t0
+        return (wall - replay["seconds"], replay["seconds"], engine.stats["generated_tokens"] - tokens0, replay["calls"],
+                replay["engine_generate"])
 
-    @torch.no_grad()
-    def raw_run(recorded: list, seed: int) -> float:
-        torch.manual_seed(seed)
-        t0 = time.perf_counter()
-        for ids, mask, steps in recorded:
-            original(input_ids=ids, attention_mask=mask, do_sample=True, temperature=engine.config.temperature, top_k=0,
-                     top_p=None, max_new_tokens=steps, min_new_tokens=steps, pad_token_id=engine.pad_id)
-        return time.perf_counter() - t0
-
-    engine_run(0)  # warm-up (tries, env pool, kernels)
+    run(0)  # warm-up (tries, env pool, kernels)
     ratios = []
     for r in range(1, args.repeats + 1):
-        e_s, tokens, recorded = engine_run(r)
-        raw_s = raw_run(recorded, r)
+        e_s, raw_s, tokens, calls, gen_s = run(r)
         ratios.append(raw_s / e_s)
-        print(f"repeat {r}: {tokens} tokens in {len(recorded)} generate calls; engine {e_s:.2f} s = {tokens / e_s:.1f} tok/s, "
-              f"raw generate {raw_s:.2f} s = {tokens / raw_s:.1f} tok/s, ratio {raw_s / e_s:.3f}")
+        print(f"repeat {r}: {tokens} tokens in {calls} generate calls; engine {e_s:.2f} s = {tokens / e_s:.1f} tok/s, "
+              f"raw generate {raw_s:.2f} s = {tokens / raw_s:.1f} tok/s, ratio {raw_s / e_s:.3f} "
+              f"(engine: {gen_s:.2f} s inside generate, {e_s - gen_s:.2f} s outside)")
     print(f"model: {'SmolLM2-135M-Instruct' if args.smollm2 else 'tiny (2x128)'}, threads {torch.get_num_threads()}, "
           f"{args.groups} groups x {args.group_size} episodes")
     print(f"rollout_ratio: {statistics.median(ratios):.3f}")

@@ -11,6 +11,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
+from tokenizers import Tokenizer
+
 HOUSEHOLD_TEMPLATE = (
     "You are an expert agent operating in a household environment. Your task is to: {task}\n"
     "Prior to this step, you have already taken {step} step(s). Below are the most recent "
@@ -210,13 +212,39 @@ def build_turn_prompt(
     return ids[-max_tokens:] if len(ids) > max_tokens else ids
 
 
+def encode_texts(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """``tokenizer(texts, add_special_tokens=False)["input_ids"]``, tokenising each distinct text
+    once (a group's episodes often share a prompt).
+
+    A fast tokenizer whose Rust backend is set as Hugging Face's own call sets it (no padding, no
+    truncation, the same special-token splitting) is called directly through ``encode_batch_fast``
+    (the same ids, without the offsets nobody reads); any other tokenizer goes through its
+    ``__call__``. Equal texts get the same list object: do not modify the rows in place.
+    """
+    unique = list(dict.fromkeys(texts))
+    if not unique:
+        return []
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if (
+        isinstance(backend, Tokenizer)
+        and hasattr(backend, "encode_batch_fast")
+        and backend.padding is None
+        and backend.truncation is None
+        and backend.encode_special_tokens == bool(getattr(tokenizer, "split_special_tokens", False))
+    ):
+        ids = [e.ids for e in backend.encode_batch_fast(unique, add_special_tokens=False)]
+    else:
+        ids = tokenizer(unique, add_special_tokens=False)["input_ids"]
+    table = dict(zip(unique, ids))
+    return [table[t] for t in texts]
+
+
 def action_response_ids(tokenizer, action: str | Sequence[str]) -> list[int] | list[list[int]]:
     """Token ids of ``"<action> {action} </action>"`` (what constrained decoding emits; no eos);
     a list of actions gives a list of id lists, tokenised in one call."""
     if isinstance(action, str):
         return tokenizer(f"{ACTION_OPEN} {action} {ACTION_CLOSE}", add_special_tokens=False)["input_ids"]
-    texts = [f"{ACTION_OPEN} {a} {ACTION_CLOSE}" for a in action]
-    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    return encode_texts(tokenizer, [f"{ACTION_OPEN} {a} {ACTION_CLOSE}" for a in action])
 
 
 def _turn_text(tokenizer, rollout_cfg, info: dict, observation: str, history: Sequence[HistoryEntry], step: int, window: int) -> str:
@@ -237,7 +265,7 @@ def build_turn_prompts(tokenizer, rollout_cfg, turns: Sequence[tuple[dict, str, 
     """``build_turn_prompt`` of many ``(info, observation, history, step)`` turns: the same ids,
     tokenised in one batched call (prompts over ``max_tokens`` are then shrunk one by one)."""
     texts = [_turn_text(tokenizer, rollout_cfg, *turn, rollout_cfg.history_window) for turn in turns]
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    ids = encode_texts(tokenizer, texts)
     return [row if max_tokens is None or len(row) <= max_tokens else build_turn_prompt(tokenizer, rollout_cfg, *turn, max_tokens)
             for row, turn in zip(ids, turns)]
 

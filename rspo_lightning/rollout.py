@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
@@ -86,7 +87,13 @@ torch.serialization.add_safe_globals([RolloutConfig])  # a checkpoint hyper-para
 
 
 class ActionTrie:
-    """Prefix trie over token-id sequences (nested dicts keyed by token id)."""
+    """Prefix trie over token-id sequences.
+
+    ``root`` is the trie as nested dicts keyed by token id. ``children`` / ``child_nodes`` are the
+    same trie as tensors, nodes numbered breadth-first from the root (0): row ``n`` holds node
+    ``n``'s child token ids (in insertion order) and their node numbers, padded with -1; a
+    complete path (a leaf) has no children.
+    """
 
     def __init__(self, sequences: Sequence[Sequence[int]]):
         self.root: dict[int, dict] = {}
@@ -94,61 +101,86 @@ class ActionTrie:
             node = self.root
             for tok in seq:
                 node = node.setdefault(int(tok), {})
-        self._allowed: dict[int, tuple[list[int], torch.Tensor]] = {}  # id(node) -> its child ids, list and tensor
-
-    def allowed(self, node: dict) -> tuple[list[int], torch.Tensor]:
-        """The ids allowed after ``node`` (a non-empty node of this trie), computed once per node."""
-        hit = self._allowed.get(id(node))
-        if hit is None:
-            ids = list(node)
-            hit = self._allowed[id(node)] = (ids, torch.tensor(ids, dtype=torch.long))
-        return hit
+        order, tokens, numbers = [self.root], [], []
+        for node in order:  # breadth-first; `order` grows while it is walked
+            tokens.append(list(node))
+            numbers.append(list(range(len(order), len(order) + len(node))))
+            order.extend(node.values())
+        width = max(1, max(len(t) for t in tokens))
+        self.children, self.child_nodes = (
+            torch.from_numpy(np.array([r + [-1] * (width - len(r)) for r in rows], dtype=np.int64).reshape(len(rows), width))
+            for rows in (tokens, numbers))
 
 
 class TrieConstraint(LogitsProcessor):
-    """Masks every token outside the trie; records the allowed ids at each step per row.
+    """Masks every token outside each row's trie, as tensor operations over the whole batch.
 
-    Rows whose trie path is complete (or that left the trie) may only emit ``pad_id``; the
-    stopping criterion has already finished them, so those positions are never trained on.
+    A row whose trie path is complete (or that left the trie) may only emit ``pad_id``; the
+    stopping criterion has already finished it, so those positions are never trained on.
+    ``allowed_ids(lengths)`` returns the allowed ids each row had at each generated step.
     """
 
     def __init__(self, tries: list[ActionTrie], prompt_len: int, pad_id: int):
-        self.tries = tries
-        self.nodes: list[dict | None] = [t.root for t in tries]
         self.prompt_len = prompt_len
-        self.pad_id = pad_id
-        self.allowed: list[list[list[int]]] = [[] for _ in tries]
-        self._pad = ([pad_id], torch.tensor([pad_id], dtype=torch.long))
+        distinct = list({id(t): t for t in tries}.values())
+        width = max(t.children.shape[1] for t in distinct)
+        rows = 1 + sum(t.children.shape[0] for t in distinct)
+        # One table for the batch: node 0 is the sink ("pad only", forever), then each trie's nodes.
+        self.children = torch.full((rows, width), -1, dtype=torch.long)
+        self.child_nodes = torch.full((rows, width), -1, dtype=torch.long)
+        offsets, start = {}, 1
+        for t in distinct:
+            n, k = t.children.shape
+            offsets[id(t)] = start
+            self.children[start:start + n, :k] = t.children
+            self.child_nodes[start:start + n, :k] = t.child_nodes.where(t.child_nodes < 0, t.child_nodes + start)
+            start += n
+        leaf = self.children[:, 0] < 0  # complete paths (and the sink): pad, then the sink
+        self.children[leaf, 0] = pad_id
+        self.child_nodes[leaf, 0] = 0
+        self.node = torch.tensor([offsets[id(t)] for t in tries], dtype=torch.long)
+        self.steps: list[torch.Tensor] = []  # [B, K] allowed ids per generated step
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        step = input_ids.shape[1] - self.prompt_len
-        last = input_ids[:, -1].tolist() if step > 0 else None
-        lists, tensors = [], []
-        for row in range(scores.shape[0]):
-            node = self.nodes[row]
-            if step > 0 and node is not None:
-                node = node.get(last[row])
-                self.nodes[row] = node
-            ids, ids_t = self.tries[row].allowed(node) if node else self._pad
-            self.allowed[row].append(ids)
-            lists.append(len(ids))
-            tensors.append(ids_t)
-        rows = torch.repeat_interleave(torch.arange(scores.shape[0]), torch.tensor(lists))
-        mask = torch.full_like(scores, float("-inf"))
-        mask[rows.to(scores.device), torch.cat(tensors).to(scores.device)] = 0.0
-        return scores + mask
+        if self.children.device != scores.device:
+            self.children, self.child_nodes, self.node = (x.to(scores.device) for x in (self.children, self.child_nodes, self.node))
+        if input_ids.shape[1] > self.prompt_len:  # follow the token sampled last
+            last = input_ids[:, -1:]
+            hit = self.children[self.node] == last
+            nxt = self.child_nodes[self.node].gather(1, hit.long().argmax(1, keepdim=True)).squeeze(1)
+            self.node = torch.where(hit.any(1), nxt, torch.zeros_like(nxt))
+        allowed = self.children[self.node]
+        self.steps.append(allowed)
+        vocab = scores.shape[1]
+        mask = torch.full((scores.shape[0], vocab + 1), float("-inf"), dtype=scores.dtype, device=scores.device)
+        mask.scatter_(1, torch.where(allowed >= 0, allowed, vocab), 0.0)
+        return scores + mask[:, :vocab]
+
+    def allowed_ids(self, lengths: torch.Tensor) -> list[torch.Tensor]:
+        """Per row, ``[n, k]`` allowed ids of its first ``n = lengths[row]`` steps, padded with -1
+        to the most ids any of its steps allowed."""
+        table = torch.stack(self.steps, dim=1).cpu()  # [B, T, K]
+        counts = (table >= 0).sum(-1)
+        counts[torch.arange(table.shape[1]) >= lengths[:, None]] = 0
+        widths = counts.amax(1).clamp(min=1).tolist()
+        return [table[i, :n, :k].clone() for i, (n, k) in enumerate(zip(lengths.tolist(), widths))]
 
 
 class StopRecorder(StoppingCriteria):
     """Stops a row at eos or at the end of ``</action>`` and records the step it stopped at."""
 
-    def __init__(self, tokenizer, batch_size: int, prompt_len: int, eos_ids: set[int]):
+    def __init__(self, batch_size: int, prompt_len: int, stops: tuple[torch.Tensor, StopStringCriteria | None]):
         self.prompt_len = prompt_len
         self.finished_at = torch.full((batch_size,), -1, dtype=torch.long)
+        self.stop_ids, self.stop_string = stops
+
+    @staticmethod
+    def stops(tokenizer, eos_ids: set[int]) -> tuple[torch.Tensor, StopStringCriteria | None]:
+        """The single stop ids and, for a multi-token "</action>" (BPE vocabularies), HF's
+        vectorised stop-string matcher (stateless; the engine makes them once)."""
         close = tokenizer(ACTION_CLOSE, add_special_tokens=False)["input_ids"]
-        self.stop_ids = torch.tensor(sorted(eos_ids | ({close[0]} if len(close) == 1 else set())), dtype=torch.long)
-        # Multi-token "</action>" (BPE vocabularies): HF's vectorised stop-string matcher.
-        self.stop_string = StopStringCriteria(tokenizer, [ACTION_CLOSE]) if len(close) != 1 else None
+        stop_ids = torch.tensor(sorted(eos_ids | ({close[0]} if len(close) == 1 else set())), dtype=torch.long)
+        return stop_ids, (StopStringCriteria(tokenizer, [ACTION_CLOSE]) if len(close) != 1 else None)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
         done = torch.isin(input_ids[:, -1], self.stop_ids.to(input_ids.device))
@@ -202,6 +234,7 @@ class RolloutEngine:
         self.synced_gpus = False
         eos = tokenizer.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        self._stops: tuple[torch.Tensor, StopStringCriteria | None] | None = None  # StopRecorder.stops, made on first use
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
         self.stats = {"generated_tokens": 0, "generate_s": 0.0}
         context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -343,8 +376,8 @@ class RolloutEngine:
         for part in chunks:
             part_prompts = build_turn_prompts(
                 tok, cfg, [(ep.info, ep.observation, ep.history, len(ep.traj.turns)) for ep in part], self.max_prompt_tokens)
-            r, lp, al = self.generate(part_prompts, temperature, greedy, [ep.info.get("admissible_actions") for ep in part])
-            prompts += part_prompts
+            p, r, lp, al = self.generate(part_prompts, temperature, greedy, [ep.info.get("admissible_actions") for ep in part])
+            prompts += p
             responses += r
             logprobs += lp
             allowed += al
@@ -368,7 +401,7 @@ class RolloutEngine:
             valid = action.valid and not bool(info.get("invalid", False))
             ep.traj.turns.append(
                 Turn(
-                    prompt_ids=torch.tensor(prompts[k], dtype=torch.long),
+                    prompt_ids=prompts[k],
                     response_ids=responses[k],
                     behaviour_logprobs=logprobs[k],
                     action=action.action,
@@ -403,14 +436,16 @@ class RolloutEngine:
         temperature: float,
         greedy: bool,
         admissible: list[Sequence[str] | None] | None = None,
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
-        """One batched generate; returns per row (response ids [R], log-probs [R], allowed [R, K])."""
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
+        """One batched generate; returns per row (prompt ids [P], response ids [R], log-probs [R], allowed [R, K])."""
         cfg = self.config
         device = next(self.model.parameters()).device
         batch = len(prompts)
         input_ids, attention = left_pad(prompts, self.pad_id)
         width = input_ids.shape[1]
-        recorder = StopRecorder(self.tokenizer, batch, width, self.eos_ids)
+        if self._stops is None:
+            self._stops = StopRecorder.stops(self.tokenizer, self.eos_ids)
+        recorder = StopRecorder(batch, width, self._stops)
         processors = LogitsProcessorList()
         constraint = None
         if cfg.constrained_decoding:
@@ -446,16 +481,12 @@ class RolloutEngine:
             [torch.log_softmax(s.float(), dim=-1).gather(-1, gen[:, i : i + 1].to(s.device)).squeeze(-1).cpu() for i, s in enumerate(out.scores)],
             dim=1,
         )
-        responses, lps, allowed = [], [], []
+        responses, lps, prompt_ids = [], [], []
+        allowed = constraint.allowed_ids(lengths) if constraint is not None else [None] * batch
         for i in range(batch):
             n = int(lengths[i])
+            prompt_ids.append(input_ids[i, width - len(prompts[i]):].clone())
             responses.append(gen[i, :n].clone())
             lps.append(logprobs[i, :n].clone())
-            if constraint is not None:
-                rows = constraint.allowed[i][:n]
-                k = max((len(r) for r in rows), default=1)
-                allowed.append(torch.tensor([r + [-1] * (k - len(r)) for r in rows], dtype=torch.long).reshape(n, k))
-            else:
-                allowed.append(None)
         self.stats["generated_tokens"] += int(lengths.sum())
-        return responses, lps, allowed
+        return prompt_ids, responses, lps, allowed

@@ -154,3 +154,18 @@ def test_a_batch_of_calls_with_one_hung_call_in_the_middle():
     assert not out[1][0] and isinstance(out[1][1], EnvFault) and "timed out after 0.3 s" in str(out[1][1])
     assert not out[2][0] and isinstance(out[2][1], ZeroDivisionError)
     assert _TimedCaller(None).run([lambda: 2]) == [(True, 2)]
+
+
+def test_timed_caller_times_each_call_not_the_batch():
+    from rspo_lightning.envs.pool import _TimedCaller
+
+    caller = _TimedCaller(timeout_s=0.3)
+    try:
+        # four calls of 0.15 s: 0.6 s in all, twice the timeout, yet none is late
+        assert caller.run([lambda k=k: time.sleep(0.15) or k for k in range(4)]) == [(True, 0), (True, 1), (True, 2), (True, 3)]
+        out = caller.run([lambda: "a", lambda: time.sleep(2.0), lambda: "c", lambda: 1 / 0])
+        assert out[0] == (True, "a") and out[2] == (True, "c")
+        assert out[1][0] is False and isinstance(out[1][1], EnvFault) and "timed out after 0.3 s" in str(out[1][1])
+        assert out[3][0] is False and isinstance(out[3][1], ZeroDivisionError)  # the calls after a hang run in a fresh thread
+    finally:
+        caller.shutdown()

@@ -3,9 +3,9 @@
 import torch
 
 from conftest import EASY_ENV
-from rspo_lightning.batching import flatten, make_train_batch
+from rspo_lightning.batching import flatten, left_pad, make_train_batch
 from rspo_lightning.policy import response_token_logprobs
-from rspo_lightning.rollout import ActionTrie, RolloutConfig, RolloutEngine
+from rspo_lightning.rollout import ActionTrie, RolloutConfig, RolloutEngine, TrieConstraint
 from rspo_lightning.types import TaskSpec
 
 
@@ -89,6 +89,31 @@ def test_trie_lists_allowed_continuations():
     assert sorted(trie.root) == [1, 5]
     assert sorted(trie.root[1][2]) == [3, 4]
     assert trie.root[5] == {}
+    # breadth-first tensor form: 0 -> {1: node 1, 5: node 2}, 1 -> {2: node 3}, 3 -> {3: 4, 4: 5}
+    assert trie.children.tolist() == [[1, 5], [2, -1], [-1, -1], [3, 4], [-1, -1], [-1, -1]]
+    assert trie.child_nodes.tolist() == [[1, 2], [3, -1], [-1, -1], [4, 5], [-1, -1], [-1, -1]]
+
+
+def test_trie_constraint_masks_follows_samples_and_records_allowed_ids_by_hand():
+    pad, vocab, prompt_len = 0, 8, 2
+    first, second = ActionTrie([[1, 2, 3], [1, 2, 4], [5]]), ActionTrie([[6, 7]])
+    constraint = TrieConstraint([first, first, second], prompt_len, pad)
+    sampled = [[1, 2, 3, pad], [5, pad, pad, pad], [6, 7, pad, pad]]  # rows end after 3, 1 and 2 tokens
+    expected = [  # allowed ids of rows 0, 1, 2 at each step, worked out from the tries
+        [{1, 5}, {1, 5}, {6}],
+        [{2}, {pad}, {7}],
+        [{3, 4}, {pad}, {pad}],
+        [{pad}, {pad}, {pad}],
+    ]
+    ids = torch.full((3, prompt_len), 9)
+    for step in range(4):
+        out = constraint(ids, torch.zeros(3, vocab))
+        for row in range(3):
+            assert {j for j in range(vocab) if out[row, j] == 0} == expected[step][row]
+            assert torch.isinf(out[row]).sum() == vocab - len(expected[step][row])
+        ids = torch.cat([ids, torch.tensor([[r[step]] for r in sampled])], dim=1)
+    got = constraint.allowed_ids(torch.tensor([3, 1, 2]))
+    assert [g.tolist() for g in got] == [[[1, 5], [2, -1], [3, 4]], [[1, 5]], [[6], [7]]]
 
 
 def test_select_trims_shared_padding_without_moving_responses(tiny_policy):
@@ -155,6 +180,34 @@ def test_batched_prompt_building_gives_the_ids_of_one_by_one(tiny_policy):
     assert build_turn_prompts(tok, cfg, []) == []
 
 
+def _byte_level_bpe():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|end|>", "<action>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(["go to the fridge 1\n\nYou arrive at shelf 2.  Then  look."] * 20, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|end|>")
+
+
+def test_encode_texts_equals_the_tokenizer_call_on_both_paths(tiny_policy):
+    from rspo_lightning.prompts import encode_texts
+
+    _, tiny = tiny_policy
+    texts = ["go to fridge 1", "You arrive at shelf 1 .", "go to fridge 1", "", "<action> go to fridge 1 </action>",
+             "two\n\nlines  with   spaces", "You arrive at shelf 1 ."]
+    for tok in (tiny, _byte_level_bpe()):
+        expected = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+        assert encode_texts(tok, texts) == expected  # the direct Rust path
+        tok._tokenizer.enable_padding(pad_id=0, pad_token="<|end|>")  # a backend not set as HF sets it
+        assert encode_texts(tok, texts) == expected  # goes through __call__ (which turns padding off)
+        assert tok._tokenizer.padding is None
+    assert encode_texts(tiny, []) == []
+
+
 def test_chat_template_reuse_is_exact_and_falls_back_for_templates_that_change_the_message(tiny_policy):
     import copy
 
@@ -180,3 +233,12 @@ def test_action_ids_in_one_call_equal_one_by_one(tiny_policy):
     actions = ["go to fridge 1", "take apple 1 from countertop 1", "look"]
     assert action_response_ids(tok, actions) == [action_response_ids(tok, a) for a in actions]
     assert action_response_ids(tok, []) == []
+
+
+def test_left_pad_lists_and_tensors_by_hand():
+    expected_ids = [[0, 0, 5], [7, 8, 9], [0, 4, 3]]
+    expected_mask = [[0, 0, 1], [1, 1, 1], [0, 1, 1]]
+    for rows in ([[5], [7, 8, 9], [4, 3]], [torch.tensor([5]), torch.tensor([7, 8, 9]), torch.tensor([4, 3])]):
+        ids, mask = left_pad(rows, pad_id=0)
+        assert ids.dtype == mask.dtype == torch.long
+        assert ids.tolist() == expected_ids and mask.tolist() == expected_mask

@@ -95,11 +95,10 @@ class _TimedCaller:
             if job is None:
                 return
             fns, results, cond = job
-            for fn in fns:
-                outcome = cls._outcome(fn)
-                with cond:
-                    results.append(outcome)
-                    cond.notify()
+            for fn in fns:  # appends are atomic; the caller reads the finish times to time each call
+                results.append((cls._outcome(fn), time.monotonic()))
+            with cond:  # one wake-up per batch, not per call
+                cond.notify()
 
     def run(self, fns: list[Callable[[], Any]]) -> list[tuple[bool, Any]]:
         """Per call ``(True, return value)`` or ``(False, exception)``; a call that takes longer than
@@ -113,15 +112,18 @@ class _TimedCaller:
             if self._jobs is None:
                 self._jobs = queue.SimpleQueue()
                 threading.Thread(target=self._serve, args=(self._jobs,), name="env-call", daemon=True).start()
-            results: list[tuple[bool, Any]] = []
+            results: list[tuple[tuple[bool, Any], float]] = []
             cond = threading.Condition()
             with cond:
+                start = time.monotonic()
                 self._jobs.put((todo, results, cond))
                 while len(results) < len(todo):
-                    n = len(results)
-                    if not cond.wait_for(lambda: len(results) > n, timeout=self.timeout_s):
+                    # the call now running started when the one before it finished
+                    left = self.timeout_s - (time.monotonic() - (results[-1][1] if results else start))
+                    if left <= 0:
                         break
-                done = list(results)
+                    cond.wait(left)
+                done = [outcome for outcome, _ in results]
             out.extend(done)
             if len(done) < len(todo):  # stuck: leave that thread behind, the next calls get a fresh one
                 self._jobs = None
