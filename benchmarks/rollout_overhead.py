@@ -14,11 +14,13 @@ tokens:
 
     python benchmarks/rollout_overhead.py                 # tiny quickstart model, constrained decoding
     python benchmarks/rollout_overhead.py --smollm2       # SmolLM2-135M-Instruct, free generation
+    python benchmarks/rollout_overhead.py --breakdown     # + where the engine's time outside generate goes
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import statistics
 import time
@@ -28,7 +30,9 @@ import torch
 from rspo_lightning.envs import make_env
 from rspo_lightning.policy import TinyModelConfig, load_policy
 from rspo_lightning.prompts import template_texts
-from rspo_lightning.rollout import RolloutConfig, RolloutEngine
+from rspo_lightning import rollout
+from rspo_lightning.envs.pool import EnvPool
+from rspo_lightning.rollout import RolloutConfig, RolloutEngine, TrieConstraint
 from rspo_lightning.types import TaskSpec
 
 ENV = {"task_types": ["pick_and_place"], "num_receptacles": 4, "num_distractors": 1, "num_object_types": 8,
@@ -49,6 +53,32 @@ def build(smollm2: bool):
     return model, tok, RolloutEngine(model, tok, cfg, ENV)
 
 
+def time_parts(tokenizer) -> collections.Counter:
+    """Wrap the engine's parts in timers; returns the Counter they add their seconds to."""
+    seconds: collections.Counter = collections.Counter()
+
+    def timed(owner, name: str, key: str) -> None:
+        fn = getattr(owner, name)
+
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                seconds[key] += time.perf_counter() - t0
+
+        setattr(owner, name, wrapper)
+
+    for owner, name, key in [
+        (rollout, "build_turn_prompts", "prompts (render + tokenise)"), (rollout, "parse_response", "parse"),
+        (rollout, "left_pad", "left pad"), (EnvPool, "step", "env step"), (EnvPool, "reset", "env reset"),
+        (tokenizer, "decode", "decode"), (RolloutEngine, "_trie", "tries"), (TrieConstraint, "__init__", "trie table"),
+        (TrieConstraint, "__call__", "trie mask (in generate)"), (TrieConstraint, "allowed_ids", "allowed ids"),
+    ]:
+        timed(owner, name, key)
+    return seconds
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smollm2", action="store_true")
@@ -56,6 +86,8 @@ def main() -> None:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--breakdown", action="store_true",
+                   help="also time the engine's parts (prompts, env calls, trie, parsing, ...) per repeat; the timers cost a little")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -87,9 +119,12 @@ def main() -> None:
         return out
 
     model.generate = side_by_side_generate
+    parts = time_parts(tok) if args.breakdown else None
 
     def run(seed: int) -> tuple[float, float, int, int, float]:
         replay.update(seconds=0.0, calls=0, engine_generate=0.0)
+        if parts is not None:
+            parts.clear()
         torch.manual_seed(seed)
         tokens0 = engine.stats["generated_tokens"]
         tasks = [TaskSpec("rspo/Household-v0", "train", 1000 * seed + g, g) for g in range(args.groups)]
@@ -107,6 +142,8 @@ def main() -> None:
         print(f"repeat {r}: {tokens} tokens in {calls} generate calls; engine {e_s:.2f} s = {tokens / e_s:.1f} tok/s, "
               f"raw generate {raw_s:.2f} s = {tokens / raw_s:.1f} tok/s, ratio {raw_s / e_s:.3f} "
               f"(engine: {gen_s:.2f} s inside generate, {e_s - gen_s:.2f} s outside)")
+        if parts is not None:
+            print("  engine parts, ms: " + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in parts.most_common()))
     print(f"model: {'SmolLM2-135M-Instruct' if args.smollm2 else 'tiny (2x128)'}, threads {torch.get_num_threads()}, "
           f"{args.groups} groups x {args.group_size} episodes")
     print(f"rollout_ratio: {statistics.median(ratios):.3f}")

@@ -6,7 +6,6 @@ import shutil
 import subprocess
 import sys
 
-import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
