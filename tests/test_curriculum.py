@@ -1,6 +1,7 @@
 """Curriculum callback: levels rise only after `window` iterations at or above the threshold."""
 
 import pytest
+import torch
 
 from rspo_lightning.callbacks import Curriculum
 
@@ -58,3 +59,29 @@ def test_state_round_trip_and_bad_arguments():
         Curriculum(threshold=1.5)
     with pytest.raises(TypeError, match="set_env_kwargs"):
         Curriculum().on_fit_start(None, object())
+
+
+class _TwoRanks:
+    """A trainer whose other rank always had ``other = (successes, episodes)``."""
+
+    world_size = 2
+
+    def __init__(self, other):
+        self.strategy = self
+        self.other = torch.tensor(other, dtype=torch.float32)
+
+    def reduce(self, tensor, reduce_op):
+        assert reduce_op == "sum"
+        return tensor + self.other
+
+
+def test_under_ddp_the_rate_is_over_all_ranks():
+    cb = Curriculum(knob="max_steps", levels=[10, 20], threshold=0.7, window=1)
+    m = _Module()
+    m.device = torch.device("cpu")
+    m.last_trajectories = [_T(True)] * 9 + [_T(False)]  # this rank: 9 of 10
+    cb.on_train_batch_end(_TwoRanks([3.0, 10.0]), m, None, None, 0)  # other rank 3 of 10: (9 + 3) / 20 = 0.6
+    assert cb.level == 0 and list(cb._recent) == [pytest.approx(0.6)]
+    m.last_trajectories = []  # no episode here this time; the other rank's 8 of 10 still count
+    cb.on_train_batch_end(_TwoRanks([8.0, 10.0]), m, None, None, 0)
+    assert cb.level == 1 and m.applied[-1] == {"max_steps": 20}

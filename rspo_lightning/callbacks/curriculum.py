@@ -6,6 +6,7 @@ from collections import deque
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 
 
 class Curriculum(pl.Callback):
@@ -17,6 +18,9 @@ class Curriculum(pl.Callback):
         levels: its values from easiest to hardest; the run starts at the first.
         threshold: rolling training success rate that moves to the next level.
         window: iterations in the rolling window (the window restarts at every level).
+
+    Under multi-process training the success rate is over every rank's episodes (summed with
+    the strategy's ``reduce``), so all ranks move to a level together.
     """
 
     def __init__(self, knob: str = "difficulty", levels: list[Any] = [0, 1, 2, 3], threshold: float = 0.7, window: int = 5):
@@ -40,8 +44,12 @@ class Curriculum(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         trajs = list(getattr(pl_module, "last_trajectories", []))
-        if trajs:
-            self._recent.append(sum(t.success for t in trajs) / len(trajs))
+        successes, count = float(sum(t.success for t in trajs)), float(len(trajs))
+        if trainer is not None and trainer.world_size > 1:  # every rank decides from all ranks' episodes
+            pooled = trainer.strategy.reduce(torch.tensor([successes, count], device=pl_module.device), reduce_op="sum")
+            successes, count = pooled.tolist()
+        if count:
+            self._recent.append(successes / count)
         if (len(self._recent) == self.window and sum(self._recent) / self.window >= self.threshold
                 and self.level + 1 < len(self.levels)):
             self.level += 1
