@@ -119,7 +119,10 @@ def load_policy(
 
     Returns:
         ``(model, tokenizer)``: the model in eval mode with float weights of ``dtype``; the
-        tokenizer has a pad token (eos when the source had none) and a chat template.
+        tokenizer has a pad token (eos when the source had none) and a chat template. The
+        policy also *trains* in eval mode (Lightning keeps module modes): dropout stays off, as
+        with TRL's ``disable_dropout=True``, so the training forward reproduces the behaviour
+        log-probs of the rollout exactly.
 
     Raises:
         FileNotFoundError: the directory or file does not exist.
