@@ -170,14 +170,19 @@ class AgentRLModule(pl.LightningModule):
         # The heap built so far (torch, transformers, the models, the envs: ~440k objects with the
         # tiny model) is left out of every later garbage collection; a full collection then scans
         # only what the run allocates instead of pausing the rollout ~0.35 s every few iterations
-        # (docs/benchmarks.md). Given back to the collector in teardown.
-        gc.collect()
-        gc.freeze()
+        # (docs/benchmarks.md). Given back to the collector in teardown. A process that froze
+        # objects itself is left as it is.
+        if gc.get_freeze_count() == 0:
+            gc.collect()
+            gc.freeze()
+            self._froze_heap = True
 
     def teardown(self, stage: str) -> None:
         if self.engine is not None:  # envs and their worker processes; the next rollout builds new ones
             self.engine.close()
-        gc.unfreeze()
+        if getattr(self, "_froze_heap", False):
+            gc.unfreeze()
+            self._froze_heap = False
 
     def on_fit_start(self) -> None:
         if self.engine is not None:

@@ -195,3 +195,33 @@ def test_swap_partner_loss_is_added_with_its_warmed_up_coefficient():
     assert torch.allclose(total, base + 0.25 * stats["swap_loss"], atol=1e-6)
     with pytest.raises(ValueError, match="swap.strategy"):
         SwapConfig(strategy="nearest")
+
+
+class _FreezeCount(pl.Callback):
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        import gc
+
+        self.seen.append(gc.get_freeze_count())
+
+
+def test_the_startup_heap_is_frozen_while_fitting_and_given_back_after():
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    seen = _FreezeCount()
+    dm = AgentDataModule(env=ENV, groups_per_iteration=2, group_size=2, iterations_per_epoch=1, val_splits=[])
+    pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0,
+               enable_progress_bar=False, enable_model_summary=False, callbacks=[seen]).fit(_module(), dm)
+    assert len(seen.seen) == 1 and seen.seen[0] > 10000  # torch, transformers, the model: out of the collector's sight
+    assert gc.get_freeze_count() == 0  # teardown gave them back
+    gc.freeze()  # a process that froze objects itself is left as it is
+    try:
+        frozen = gc.get_freeze_count()
+        pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0,
+                   enable_progress_bar=False, enable_model_summary=False).fit(_module(), dm)
+        assert 0 < gc.get_freeze_count() <= frozen  # neither unfrozen nor frozen again (freed objects leave the count)
+    finally:
+        gc.unfreeze()
