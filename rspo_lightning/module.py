@@ -187,8 +187,8 @@ class AgentRLModule(pl.LightningModule):
     def on_fit_start(self) -> None:
         if self.engine is not None:
             self.engine.env_errors = max(self.engine.env_errors, getattr(self, "_restored_env_errors", 0))
-        if self._ref is not None:
-            self._ref.to(self.device)
+        if self._ref is not None:  # not a submodule, so the strategy's device/precision moves skip it
+            self._ref.to(device=self.device, dtype=next(self.policy.parameters()).dtype)
 
     def set_env_kwargs(self, changes: dict) -> None:
         """Change environment keyword arguments mid-run (curriculum); new episodes use them."""

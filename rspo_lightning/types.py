@@ -113,7 +113,6 @@ class Trajectory:
         return sum(not t.valid for t in self.turns)
 
 
-@dataclass
 class IterationBatch:
     """What the data module yields for one RL iteration (rollouts happen in the module).
 
@@ -124,13 +123,27 @@ class IterationBatch:
         reward_mode: which reward the turns carry for the advantage: ``"outcome"`` or ``"dense"``.
         policy_tag: which agent the current weights are (``"A"`` outcome learner, ``"B"`` RSPO's
             dense explorer); recorded in the trajectories played.
+
+    Deliberately not a dataclass (nor a list or dict): Lightning's ``16-true``/``bf16-true``
+    precision plugins rebuild such batches with every float tensor cast to half precision,
+    which would round the replayed trajectories' behaviour log-probs (and fails outright on
+    the frozen ``TaskSpec``). An object of this class passes through them untouched.
     """
 
-    tasks: list[TaskSpec]
-    group_size: int = 1
-    replay: list[list[Trajectory]] = field(default_factory=list)
-    reward_mode: RewardMode = "outcome"
-    policy_tag: PolicyTag = "A"
+    def __init__(self, tasks: list[TaskSpec], group_size: int = 1, replay: list[list[Trajectory]] | None = None,
+                 reward_mode: RewardMode = "outcome", policy_tag: PolicyTag = "A"):
+        self.tasks = tasks
+        self.group_size = group_size
+        self.replay: list[list[Trajectory]] = [] if replay is None else replay
+        self.reward_mode: RewardMode = reward_mode
+        self.policy_tag: PolicyTag = policy_tag
+
+    def __repr__(self) -> str:
+        return (f"IterationBatch(tasks={self.tasks!r}, group_size={self.group_size}, replay=<{len(self.replay)} groups>, "
+                f"reward_mode={self.reward_mode!r}, policy_tag={self.policy_tag!r})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, IterationBatch) and vars(self) == vars(other)
 
 
 @dataclass

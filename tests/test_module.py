@@ -11,7 +11,7 @@ from rspo_lightning.datamodules import AgentDataModule
 from rspo_lightning.module import AgentRLModule
 from rspo_lightning.policy import TinyModelConfig
 from rspo_lightning.rollout import RolloutConfig
-from rspo_lightning.types import TaskSpec
+from rspo_lightning.types import IterationBatch, TaskSpec
 
 ENV = EnvConfig(kwargs={"task_types": ["pick_and_place"], "num_receptacles": 4, "num_distractors": 1,
                         "num_object_types": 8, "max_steps": 4, "info_actions": False})
@@ -225,3 +225,31 @@ def test_the_startup_heap_is_frozen_while_fitting_and_given_back_after():
         assert 0 < gc.get_freeze_count() <= frozen  # neither unfrozen nor frozen again (freed objects leave the count)
     finally:
         gc.unfreeze()
+
+
+def test_bf16_true_trains_with_a_bf16_reference_and_leaves_the_batch_alone():
+    from lightning.pytorch.plugins.precision import HalfPrecision
+
+    from rspo_lightning.types import Trajectory, Turn
+
+    turn = Turn(prompt_ids=torch.tensor([1, 2]), response_ids=torch.tensor([3]), behaviour_logprobs=torch.tensor([-0.123456789]),
+                action="look", valid=True, observation="", anchor="")
+    batch = IterationBatch(tasks=[TaskSpec("rspo/Household-v0", "train", 0, 0)], group_size=2,
+                           replay=[[Trajectory(task=TaskSpec("rspo/Household-v0", "train", 1, 1), turns=[turn])]])
+    # Lightning casts float tensors of list/dict/dataclass batches; ours passes through untouched
+    assert HalfPrecision("bf16-true").convert_input(batch) is batch
+    assert turn.behaviour_logprobs.dtype == torch.float32
+
+    seen = []
+
+    class _Dtypes(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):
+            seen.append((next(pl_module.policy.parameters()).dtype, next(pl_module._ref.parameters()).dtype))
+
+    module = _module(algorithm=AlgorithmConfig(kl_coef=0.1))
+    before = _snapshot(module)
+    dm = AgentDataModule(env=ENV, groups_per_iteration=2, group_size=2, iterations_per_epoch=1, val_splits=[])
+    pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0, precision="bf16-true",
+               enable_progress_bar=False, enable_model_summary=False, callbacks=[_Dtypes()]).fit(module, dm)
+    assert seen == [(torch.bfloat16, torch.bfloat16)]  # the reference follows the policy's dtype
+    assert _changed(before, module)
