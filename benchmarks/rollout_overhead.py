@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gc
 import statistics
 import time
 
@@ -32,6 +31,7 @@ from rspo_lightning.policy import TinyModelConfig, load_policy
 from rspo_lightning.prompts import template_texts
 from rspo_lightning import rollout
 from rspo_lightning.envs.pool import EnvPool
+from rspo_lightning.module import freeze_startup_heap
 from rspo_lightning.rollout import RolloutConfig, RolloutEngine, TrieConstraint
 from rspo_lightning.types import TaskSpec
 
@@ -94,8 +94,7 @@ def main() -> None:
     if args.smollm2:
         args.groups, args.group_size = min(args.groups, 2), min(args.group_size, 4)
     model, tok, engine = build(args.smollm2)
-    gc.collect()
-    gc.freeze()  # as AgentRLModule.setup does before training: the startup heap is left out of collections
+    freeze_startup_heap()  # as AgentRLModule.setup does before training
     original = model.generate
     replay = {"seconds": 0.0, "calls": 0, "engine_generate": 0.0}
 

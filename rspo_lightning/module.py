@@ -32,6 +32,34 @@ from rspo_lightning.rollout import RolloutConfig, RolloutEngine
 from rspo_lightning.types import IterationBatch, Trajectory, TrainBatch
 
 
+_HEAP_FROZEN = False  # by freeze_startup_heap, and not given back yet
+
+
+def freeze_startup_heap() -> None:
+    """Leave the heap built so far (torch, transformers, the models, the envs: ~440k objects with
+    the tiny model) out of every later garbage collection: a full collection then scans only what
+    the run allocates, instead of pausing a rollout ~0.35 s every few iterations
+    (docs/benchmarks.md). ``AgentRLModule.setup`` calls it, ``teardown`` gives the heap back.
+
+    A heap this function froze for a run that crashed (Lightning runs no ``teardown`` hook after
+    an exception) is given back first; a process that froze objects itself is left as it is.
+    """
+    global _HEAP_FROZEN
+    unfreeze_startup_heap()
+    if gc.get_freeze_count() == 0:
+        gc.collect()
+        gc.freeze()
+        _HEAP_FROZEN = True
+
+
+def unfreeze_startup_heap() -> None:
+    """Give the heap frozen by ``freeze_startup_heap`` back to the collector (no-op otherwise)."""
+    global _HEAP_FROZEN
+    if _HEAP_FROZEN:
+        gc.unfreeze()
+        _HEAP_FROZEN = False
+
+
 class AgentRLModule(pl.LightningModule):
     """Multi-turn agent RL (GRPO/RLOO/GiGPO/... ) with rollouts inside ``training_step``.
 
@@ -167,22 +195,12 @@ class AgentRLModule(pl.LightningModule):
             raise ValueError("data.reward_mode: dense needs a dense reward source: set model.dense_reward, "
                              "e.g. {class_path: rspo_lightning.rewards.EnvProgressReward}")
 
-        # The heap built so far (torch, transformers, the models, the envs: ~440k objects with the
-        # tiny model) is left out of every later garbage collection; a full collection then scans
-        # only what the run allocates instead of pausing the rollout ~0.35 s every few iterations
-        # (docs/benchmarks.md). Given back to the collector in teardown. A process that froze
-        # objects itself is left as it is.
-        if gc.get_freeze_count() == 0:
-            gc.collect()
-            gc.freeze()
-            self._froze_heap = True
+        freeze_startup_heap()
 
     def teardown(self, stage: str) -> None:
         if self.engine is not None:  # envs and their worker processes; the next rollout builds new ones
             self.engine.close()
-        if getattr(self, "_froze_heap", False):
-            gc.unfreeze()
-            self._froze_heap = False
+        unfreeze_startup_heap()
 
     def on_fit_start(self) -> None:
         if self.engine is not None:

@@ -210,18 +210,28 @@ class _FreezeCount(pl.Callback):
 def test_the_startup_heap_is_frozen_while_fitting_and_given_back_after():
     import gc
 
-    assert gc.get_freeze_count() == 0
+    def fit(*callbacks):
+        dm = AgentDataModule(env=ENV, groups_per_iteration=2, group_size=2, iterations_per_epoch=1, val_splits=[])
+        pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0,
+                   enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks)).fit(_module(), dm)
+
+    class _Crash(pl.Callback):
+        def on_train_batch_end(self, *args):
+            raise RuntimeError("crash mid-run")
+
     seen = _FreezeCount()
-    dm = AgentDataModule(env=ENV, groups_per_iteration=2, group_size=2, iterations_per_epoch=1, val_splits=[])
-    pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0,
-               enable_progress_bar=False, enable_model_summary=False, callbacks=[seen]).fit(_module(), dm)
+    fit(seen)
     assert len(seen.seen) == 1 and seen.seen[0] > 10000  # torch, transformers, the model: out of the collector's sight
     assert gc.get_freeze_count() == 0  # teardown gave them back
+    with pytest.raises(RuntimeError, match="crash mid-run"):
+        fit(_Crash())
+    assert gc.get_freeze_count() > 0  # Lightning runs no teardown hook after a crash ...
+    fit()
+    assert gc.get_freeze_count() == 0  # ... the next fit gives that heap back too
     gc.freeze()  # a process that froze objects itself is left as it is
     try:
         frozen = gc.get_freeze_count()
-        pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0,
-                   enable_progress_bar=False, enable_model_summary=False).fit(_module(), dm)
+        fit()
         assert 0 < gc.get_freeze_count() <= frozen  # neither unfrozen nor frozen again (freed objects leave the count)
     finally:
         gc.unfreeze()
