@@ -234,7 +234,7 @@ class RolloutEngine:
         self.synced_gpus = False
         eos = tokenizer.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
-        self._stops: tuple[torch.Tensor, StopStringCriteria | None] | None = None  # StopRecorder.stops, made on first use
+        self._stops = StopRecorder.stops(tokenizer, self.eos_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
         self.stats = {"generated_tokens": 0, "generate_s": 0.0}
         context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -443,8 +443,6 @@ class RolloutEngine:
         batch = len(prompts)
         input_ids, attention = left_pad(prompts, self.pad_id)
         width = input_ids.shape[1]
-        if self._stops is None:
-            self._stops = StopRecorder.stops(self.tokenizer, self.eos_ids)
         recorder = StopRecorder(batch, width, self._stops)
         processors = LogitsProcessorList()
         constraint = None
