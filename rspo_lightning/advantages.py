@@ -239,16 +239,22 @@ def grpo_advantages(
     turn_index: Tensor,
     *,
     norm: str = "std",
+    episode_stats: str = "trajectory",
 ) -> Tensor:
     """GRPO (Shao et al., arXiv 2402.03300), outcome supervision, one advantage per trajectory.
 
     A(tau_i) = (R(tau_i) - mean_j R(tau_j)) / F over the group's trajectories, broadcast to every
-    turn. ``norm="mean"`` (F = 1) is the Dr. GRPO variant. Deviation: a group with one
-    trajectory or all-equal returns gives exactly 0 rather than relying on the 1e-6.
+    turn (``episode_stats="trajectory"``, the paper). ``episode_stats="steps"`` takes mean and std
+    over all turn samples of the group instead, each carrying its trajectory's return, so longer
+    trajectories weigh more (verl-agent's trainer, ``compute_mean_std_cross_steps=True``).
+    ``norm="mean"`` (F = 1) is the Dr. GRPO variant. Deviation: a group with one trajectory or
+    all-equal returns gives exactly 0 (under either ``episode_stats``) rather than relying on the
+    1e-6.
     """
     _check_choice("norm", norm, NORMS)
+    _check_choice("episode_stats", episode_stats, EPISODE_STATS)
     lay = _layout(rewards, traj_index, group_index, turn_index)
-    return lay.out(_episode_advantage(lay, norm, "trajectory"))
+    return lay.out(_episode_advantage(lay, norm, episode_stats))
 
 
 def rloo_advantages(
@@ -256,20 +262,41 @@ def rloo_advantages(
     traj_index: Tensor,
     group_index: Tensor,
     turn_index: Tensor,
+    *,
+    episode_stats: str = "trajectory",
 ) -> Tensor:
     """RLOO (Ahmadian et al., arXiv 2402.14740): leave-one-out baseline, no std normalisation.
 
-    A(tau_i) = R(tau_i) - mean_{j != i} R(tau_j), broadcast to every turn; a group of one
-    trajectory gives 0. No deviation.
+    ``episode_stats="trajectory"`` (the paper): A(tau_i) = R(tau_i) - mean_{j != i} R(tau_j),
+    broadcast to every turn; a group of one trajectory gives 0. No deviation.
+    ``episode_stats="steps"`` (verl-agent-style step statistics, not the paper): the leave-one-out
+    runs over the group's turn samples, each carrying its trajectory's return: A_s = R_s -
+    (sum over the group's samples of R - R_s) / (count - 1), so longer trajectories weigh more in
+    the baseline. A group with one sample, or whose samples all carry the same return (e.g. one
+    trajectory), gives exactly 0.
     """
+    _check_choice("episode_stats", episode_stats, EPISODE_STATS)
     lay = _layout(rewards, traj_index, group_index, turn_index)
     returns = lay.episode_returns()
-    count = _scatter_sum(torch.ones_like(returns), lay.traj_group, lay.num_groups)
-    total = _scatter_sum(returns, lay.traj_group, lay.num_groups)
-    k = count[lay.traj_group]
-    others = (total[lay.traj_group] - returns) / (k - 1).clamp(min=1)
-    adv = torch.where(k > 1, returns - others, torch.zeros_like(returns))
-    return lay.out(adv[lay.traj])
+    if episode_stats == "trajectory":
+        values, groups = returns, lay.traj_group
+    else:
+        values, groups = returns[lay.traj], lay.group
+    count = _scatter_sum(torch.ones_like(values), groups, lay.num_groups)
+    total = _scatter_sum(values, groups, lay.num_groups)
+    k = count[groups]
+    others = (total[groups] - values) / (k - 1).clamp(min=1)
+    adv = torch.where(k > 1, values - others, torch.zeros_like(values))
+    if episode_stats == "trajectory":
+        return lay.out(adv[lay.traj])
+    # one trajectory's samples share R, but (total - R) / (k - 1) may round off it by ~1e-17
+    vmax = torch.zeros(lay.num_groups, dtype=values.dtype).scatter_reduce(
+        0, groups, values, "amax", include_self=False
+    )
+    vmin = torch.zeros(lay.num_groups, dtype=values.dtype).scatter_reduce(
+        0, groups, values, "amin", include_self=False
+    )
+    return lay.out(torch.where((vmax == vmin)[groups], torch.zeros_like(adv), adv))
 
 
 def gae_advantages(

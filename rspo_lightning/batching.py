@@ -17,7 +17,8 @@ class FlatTurns:
 
     Args:
         turns: the Turn objects, in the same order.
-        rewards: ``[N]`` per-turn reward the estimator sees (outcome, or outcome + dense).
+        rewards: ``[N]`` per-turn reward the estimator sees (``reward_mode``: outcome, dense, or
+            outcome + dense; the dense part times ``dense_scale``).
         traj_index: ``[N]`` index of the trajectory in the input list.
         group_index: ``[N]`` dense index of the trajectory's group (by ``task.group_id``).
         turn_index: ``[N]`` position of the turn in its trajectory.
@@ -40,10 +41,20 @@ class FlatTurns:
     dense: torch.Tensor
 
 
-def flatten(trajectories: Sequence[Trajectory], reward_mode: str = "outcome") -> FlatTurns:
-    """Flatten trajectories into per-turn tensors; ``reward_mode`` picks the reward each turn carries."""
-    if reward_mode not in ("outcome", "dense"):
-        raise ValueError(f"reward_mode must be 'outcome' or 'dense', got {reward_mode!r}")
+REWARD_MODES = ("outcome", "dense", "outcome+dense")
+
+
+def turn_reward(outcome: float, dense: float, reward_mode: str, dense_scale: float = 1.0) -> float:
+    """The reward a turn carries for the advantage under ``reward_mode``."""
+    return (outcome if reward_mode != "dense" else 0.0) + (dense_scale * dense if reward_mode != "outcome" else 0.0)
+
+
+def flatten(trajectories: Sequence[Trajectory], reward_mode: str = "outcome", dense_scale: float = 1.0) -> FlatTurns:
+    """Flatten trajectories into per-turn tensors; ``reward_mode`` picks the reward each turn
+    carries: ``outcome``, ``dense`` (``dense_scale`` x the dense reward alone) or ``outcome+dense``.
+    Replayed trajectories always carry the outcome reward (RSPO's reward swap)."""
+    if reward_mode not in REWARD_MODES:
+        raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {reward_mode!r}")
     turns, rewards, traj_idx, group_idx, turn_idx, success, invalid, replay, anchors, dense = ([] for _ in range(10))
     group_ids: dict[tuple, int] = {}
     for i, traj in enumerate(trajectories):
@@ -52,7 +63,8 @@ def flatten(trajectories: Sequence[Trajectory], reward_mode: str = "outcome") ->
         g = group_ids.setdefault(key, len(group_ids))
         for t, turn in enumerate(traj.turns):
             turns.append(turn)
-            r = turn.outcome_reward + (turn.dense_reward if reward_mode == "dense" else 0.0)
+            mode = "outcome" if traj.source == "replay" else reward_mode
+            r = turn_reward(turn.outcome_reward, turn.dense_reward, mode, dense_scale)
             rewards.append(r)
             traj_idx.append(i)
             group_idx.append(g)

@@ -123,6 +123,13 @@ class AlgorithmConfig:
         micro_batch_size: turn samples per forward/backward (gradient accumulation); None = minibatch.
         clip_eps_low: lower clip half-width of the surrogate.
         clip_eps_high: upper clip half-width of the surrogate.
+        clip_mode: bounds of the generalised clip around its centre c = π_old / π_behaviour:
+            ``additive`` [max(c − ε_low, 0), c + ε_high] or ``multiplicative`` [c(1 − ε_low), c(1 + ε_high)].
+        clip_max_centre: cap on c for replayed rows (None = uncapped), so that a replayed token's
+            gradient cannot be many times an on-policy token's.
+        replay_regularisers: KL and entropy on replayed rows (sampled by another policy):
+            ``exclude`` (estimated on the learner's own rows only) or ``importance`` (replay tokens
+            weighted by c, the learner's old probability over the behaviour policy's).
         loss_agg: token-mean, seq-mean-token-mean or seq-mean-token-sum.
         kl_coef: coefficient of the KL-to-reference loss; 0 builds no reference model.
         kl_estimator: k1, k3 or low_var_kl.
@@ -149,6 +156,9 @@ class AlgorithmConfig:
     micro_batch_size: int | None = None
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
+    clip_mode: str = "additive"
+    clip_max_centre: float | None = None
+    replay_regularisers: str = "exclude"
     loss_agg: str = "token-mean"
     kl_coef: float = 0.0
     kl_estimator: str = "low_var_kl"
@@ -181,6 +191,12 @@ class AlgorithmConfig:
             raise ValueError(f"algorithm.kl_estimator must be k1, k3 or low_var_kl, got {self.kl_estimator!r}")
         if self.loss_agg not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
             raise ValueError(f"algorithm.loss_agg must be token-mean, seq-mean-token-mean or seq-mean-token-sum, got {self.loss_agg!r}")
+        if self.clip_mode not in ("additive", "multiplicative"):
+            raise ValueError(f"algorithm.clip_mode must be additive or multiplicative, got {self.clip_mode!r}")
+        if self.clip_max_centre is not None and not self.clip_max_centre > 0:
+            raise ValueError(f"algorithm.clip_max_centre must be > 0 or null (uncapped), got {self.clip_max_centre}")
+        if self.replay_regularisers not in ("exclude", "importance"):
+            raise ValueError(f"algorithm.replay_regularisers must be exclude or importance, got {self.replay_regularisers!r}")
         if self.clip_eps_low < 0 or self.clip_eps_high < 0:
             raise ValueError(f"algorithm.clip_eps_low/high must be >= 0, got {self.clip_eps_low}, {self.clip_eps_high}")
 

@@ -13,6 +13,7 @@ from torch import Tensor
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_KINDS = ("k1", "k3", "low_var_kl")
+CLIP_MODES = ("additive", "multiplicative")
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
@@ -80,12 +81,23 @@ def clipped_surrogate(
     eps_low: float | Tensor = 0.2,
     eps_high: float | Tensor = 0.2,
     agg: str = "token-mean",
+    max_centre: float | None = None,
+    clip_mode: str = "additive",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate with a generalised clip centre (RSPO's off-policy replay).
 
-    Per token: rho = exp(logp - logp_behaviour), c = exp(logp_old - logp_behaviour),
-    L = -min(rho A, clip(rho, c - eps_low, c + eps_high) A). On-policy rows have behaviour = old,
-    so c = 1 and this is exactly PPO (Schulman et al., arXiv 1707.06347).
+    Per token: rho = exp(logp - logp_behaviour), c = exp(logp_old - logp_behaviour), capped to
+    min(c, max_centre) when ``max_centre`` is set, and
+    L = -min(rho A, clip(rho, lower, upper) A) with
+
+    - ``clip_mode="additive"`` (default): [max(c - eps_low, 0), c + eps_high];
+    - ``clip_mode="multiplicative"``: [max(c (1 - eps_low), 0), c (1 + eps_high)], a trust region
+      relative to c, so a replay token with small c keeps a proportionally narrow window.
+
+    On-policy rows have behaviour = old, so c = 1, both modes give [1 - eps_low, 1 + eps_high] and
+    this is exactly PPO (Schulman et al., arXiv 1707.06347). Since rho > 0, a lower bound of 0
+    never binds: with the additive window and c <= eps_low, an A < 0 token is not clipped from
+    below at all (only the multiplicative window, c (1 - eps_low) > 0, still clips it).
 
     Args:
         logprobs: ``[N, L]`` log-probs under the current policy (the only input with a gradient).
@@ -96,15 +108,29 @@ def clipped_surrogate(
         eps_low: lower clip half-width, a float or ``[N]`` per turn (A²TGPO's adaptive clip).
         eps_high: upper clip half-width, a float or ``[N]`` per turn.
         agg: ``"token-mean"`` | ``"seq-mean-token-mean"`` | ``"seq-mean-token-sum"``.
+        max_centre: cap on the clip centre c (> 0), so a replay token whose old policy likes it
+            far more than its behaviour policy did cannot get a window (and gradient) many times
+            an on-policy token's; None = no cap. It does not change rho.
+        clip_mode: ``"additive"`` (c ± eps) or ``"multiplicative"`` (c · (1 ± eps)).
 
     Returns:
         ``(loss, stats)``: the scalar loss and detached diagnostics: ``clip_frac`` (fraction of
         response tokens where the clipped term was the active, strictly smaller, minimum),
         ``approx_kl`` (k3 estimate of KL(old || current): mean of (r - 1) - log r with
-        r = exp(logp - logp_old)) and ``ratio_mean`` (mean of rho, the ratio to behaviour).
+        r = exp(logp - logp_old)), ``ratio_mean`` (mean of rho, the ratio to behaviour) and
+        ``centre_mean`` (mean of the clip centre c after the ``max_centre`` cap; 1 on-policy).
     """
     if agg not in AGGREGATIONS:
         raise ValueError(f"agg must be one of {list(AGGREGATIONS)}, got {agg!r}")
+    if clip_mode not in CLIP_MODES:
+        raise ValueError(f"clip_mode must be one of {list(CLIP_MODES)}, got {clip_mode!r}")
+    if max_centre is not None:
+        is_number = isinstance(max_centre, (int, float)) and not isinstance(max_centre, bool)
+        if not (is_number and max_centre > 0):
+            raise ValueError(
+                f"max_centre must be > 0 or None, got {max_centre!r}; pass e.g. 2.0 to cap the "
+                f"clip centre at twice the on-policy one, or None for no cap"
+            )
     shape = logprobs.shape
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be [N, L], got shape {tuple(shape)}")
@@ -130,7 +156,14 @@ def clipped_surrogate(
     # Mask before exp: padding may hold -inf, and exp(nan) would poison the gradient.
     rho = torch.exp(torch.where(on, logprobs - behaviour, zero))
     centre = torch.exp(torch.where(on, old - behaviour, zero))
-    clipped = torch.minimum(torch.maximum(rho, centre - lo), centre + hi)
+    if max_centre is not None:
+        centre = centre.clamp(max=float(max_centre))
+    if clip_mode == "additive":
+        lower, upper = centre - lo, centre + hi
+    else:
+        lower, upper = centre * (1.0 - lo), centre * (1.0 + hi)
+    lower = lower.clamp(min=0.0)  # a ratio is never negative; rho > 0 never falls below it
+    clipped = torch.minimum(torch.maximum(rho, lower), upper)
     adv = torch.where(on, adv, zero)  # padding rows may carry NaN advantages
     surr = rho * adv
     surr_clipped = clipped * adv
@@ -144,6 +177,7 @@ def clipped_surrogate(
             "clip_frac": masked_mean((surr_clipped < surr).to(logprobs.dtype), mask),
             "approx_kl": masked_mean(k3, mask),
             "ratio_mean": masked_mean(rho, mask),
+            "centre_mean": masked_mean(centre, mask),
         }
     return loss, stats
 

@@ -60,6 +60,19 @@ def unfreeze_startup_heap() -> None:
         _HEAP_FROZEN = False
 
 
+def term_weights(on_size: float, off_size: float, replay_weight: float | None) -> tuple[float, float]:
+    """Weights of the on-policy and the replayed part of a minibatch's policy loss, each part
+    being the mean over its own rows/tokens. ``replay_weight`` α: (1 − α, α), J = (1 − α) J_on +
+    α J_off; a minibatch holding one part alone gives it weight 1. None: the parts' shares of the
+    pooled count, i.e. one token-mean over all rows (each part weighs its token share)."""
+    if on_size <= 0 or off_size <= 0:
+        return (1.0 if on_size > 0 else 0.0), (1.0 if off_size > 0 else 0.0)
+    if replay_weight is None:
+        total = on_size + off_size
+        return on_size / total, off_size / total
+    return 1.0 - replay_weight, replay_weight
+
+
 class AgentRLModule(pl.LightningModule):
     """Multi-turn agent RL (GRPO/RLOO/GiGPO/... ) with rollouts inside ``training_step``.
 
@@ -324,7 +337,23 @@ class AgentRLModule(pl.LightningModule):
 
     # -- advantages ----------------------------------------------------------------------
     def compute_advantages(self, flat: FlatTurns, values: torch.Tensor | None = None):
-        """Per-turn ``(advantages, clip multipliers or None, returns or None)`` of the estimator."""
+        """Per-turn ``(advantages, clip multipliers or None, returns or None)`` of the estimator.
+
+        Replayed rows that carry a collection-time ``replay_advantage`` (RSPO) train with it; the
+        invalid-action penalty is then subtracted from every invalid turn.
+        """
+        advantages, clip_eps, returns = self._estimate(flat, values)
+        if bool(flat.is_replay.any()):
+            stored = [t.replay_advantage for t in flat.turns]
+            has = torch.tensor([a is not None for a in stored]) & flat.is_replay
+            if bool(has.any()):
+                value = torch.tensor([0.0 if a is None else a for a in stored], dtype=advantages.dtype)
+                advantages = torch.where(has, value, advantages)
+        # Invalid-action penalty: applied after the estimator, to the invalid turn alone.
+        advantages = advantages - self.algo.invalid_action_penalty * flat.invalid.float()
+        return advantages, clip_eps, returns
+
+    def _estimate(self, flat: FlatTurns, values: torch.Tensor | None = None):
         name = self.algo.estimator
         kw = dict(self.algo.estimator_kwargs)
         if name == "gae":
@@ -341,9 +370,17 @@ class AgentRLModule(pl.LightningModule):
         clip_eps = getattr(result, "clip_eps", None)
         returns = getattr(result, "returns", None)
         advantages = result.advantages if isinstance(result, tuple) else result
-        # Invalid-action penalty: applied after the estimator, to the invalid turn alone.
-        advantages = advantages - self.algo.invalid_action_penalty * flat.invalid.float()
         return advantages, clip_eps, returns
+
+    def outcome_advantages(self, trajectories: list[Trajectory]) -> list[float] | None:
+        """Each turn's advantage (trajectory/turn order) under the estimator with the outcome
+        reward, over the groups as given, without the invalid-action penalty; None for a
+        non-group-relative estimator (its replayed rows are scored by the critic when trained).
+        RSPOLoop stores these with B's collected groups (``Turn.replay_advantage``)."""
+        if self.algo.estimator not in GROUP_RELATIVE or not trajectories:
+            return None
+        flat = flatten(trajectories, "outcome")
+        return self._estimate(flat)[0].tolist()
 
     @torch.no_grad()
     def critic_values(self, batch: TrainBatch) -> torch.Tensor:
@@ -437,7 +474,7 @@ class AgentRLModule(pl.LightningModule):
             return self._skip_iteration()
         t0 = time.perf_counter()
         gen_tokens0 = self.engine.stats["generated_tokens"]
-        dense = batch.reward_mode == "dense" or self.algo.estimator == "a2tgpo"
+        dense = batch.reward_mode != "outcome" or self.algo.estimator == "a2tgpo"
         trajectories = self.collect(batch.tasks, batch.group_size, policy_tag=batch.policy_tag, dense=dense)
         rollout_s = time.perf_counter() - t0
         gen_tokens = self.engine.stats["generated_tokens"] - gen_tokens0
@@ -448,7 +485,7 @@ class AgentRLModule(pl.LightningModule):
             return self._skip_iteration()
 
         t1 = time.perf_counter()
-        flat = flatten(all_trajs, batch.reward_mode)
+        flat = flatten(all_trajs, batch.reward_mode, getattr(batch, "dense_scale", 1.0))
         if flat.turns:
             train_batch = make_train_batch(flat, self.engine.pad_id, torch.zeros(len(flat.turns)))
         else:  # nothing of its own: this rank still takes part in the collective steps below
@@ -470,6 +507,8 @@ class AgentRLModule(pl.LightningModule):
                 var = returns.var()
                 self.log("train/explained_variance", float(1 - (returns - values).var() / var) if var > 0 else 0.0, on_step=True)
         advantage_s = time.perf_counter() - t_adv
+        if batch.replay:
+            self._log_replay(advantages, flat)
         if (self.algo.drop_zero_advantage and self.algo.kl_coef == 0 and self.algo.entropy_coef == 0
                 and self.algo.estimator != "gae"):
             train_batch = train_batch.select(torch.nonzero(advantages != 0).flatten())
@@ -477,7 +516,7 @@ class AgentRLModule(pl.LightningModule):
         stats = {}
         if self._sum(len(train_batch))[0] > 0:
             self._score(train_batch)
-            stats = self._update(train_batch)
+            stats = self._update(train_batch, getattr(batch, "replay_weight", None))
         update_s = time.perf_counter() - t1
         trained_tokens = int(train_batch.attention_mask.sum()) * self.algo.ppo_epochs
 
@@ -512,14 +551,16 @@ class AgentRLModule(pl.LightningModule):
         opts = self.optimizers()
         return opts if isinstance(opts, list) else [opts]
 
-    def _update(self, batch: TrainBatch) -> dict[str, float]:
+    def _update(self, batch: TrainBatch, replay_weight: float | None = None) -> dict[str, float]:
         """``ppo_epochs`` x minibatches of optimizer steps (one ``lr_scheduler`` step per iteration).
 
         Every rank takes the same number of optimizer steps and micro-batch backwards (DDP
         all-reduces gradients in each backward): a rank short of samples backwards a dummy at
-        weight 0. The loss of a minibatch is normalised by its token (``token-mean``) or row count
-        summed over ranks, times the world size, so DDP's / FSDP's gradient mean equals the gradient
-        of one process on the union of the ranks' minibatches.
+        weight 0. Each loss term of a minibatch is normalised by its token (``token-mean``) or row
+        count summed over ranks, times the world size, so DDP's / FSDP's gradient mean equals the
+        gradient of one process on the union of the ranks' minibatches. With ``replay_weight`` α
+        the policy loss is (1 − α) L_on + α L_off, the on-policy and the replayed rows each
+        normalised by their own all-rank count (a minibatch holding only one part uses it whole).
         """
         opts = self._optimizers()
         opt = opts[0]
@@ -538,15 +579,23 @@ class AgentRLModule(pl.LightningModule):
                 mb = batch.select(mb_idx)
                 micro = algo.micro_batch_size or max(len(mb), 1)
                 parts = [mb.select(torch.arange(s, min(len(mb), s + micro))) for s in range(0, len(mb), micro)]
-                counts = gather_values([self._loss_size(mb), len(parts), len(mb)], self.device)  # [world, 3]
-                total, num_parts, rows = max(float(counts[:, 0].sum()), 1.0), int(counts[:, 1].max()), float(counts[:, 2].sum())
+                counts = gather_values([*self._loss_sizes(mb), len(parts), len(mb)], self.device)  # [world, 4]
+                t_on, t_off = float(counts[:, 0].sum()), float(counts[:, 1].sum())
+                num_parts, rows = int(counts[:, 2].max()), float(counts[:, 3].sum())
+                w_on, w_off = term_weights(t_on, t_off, replay_weight)
                 mb_stats: dict[str, float] = {}
                 for i in range(num_parts):
                     own = i < len(parts)
                     part = parts[i] if own else self._dummy_batch()
-                    loss, st = self._loss(part)
-                    share = self._loss_size(part) / total if own else 0.0  # of the all-rank minibatch
-                    self.manual_backward(loss * (share * world))
+                    s_on, s_off = self._loss_sizes(part) if own else (0.0, 0.0)
+                    scale = {  # each term's weight: its part's share of the all-rank minibatch
+                        "pg_on": w_on * s_on / max(t_on, 1.0), "pg_off": w_off * s_off / max(t_off, 1.0),
+                        "pooled": (s_on + s_off) / max(t_on + t_off, 1.0),
+                        "on": s_on / max(t_on, 1.0),
+                    }
+                    loss, st = self._loss(part, scale)
+                    self.manual_backward(loss * world)
+                    share = scale["pooled"]
                     for k, v in st.items():
                         mb_stats[k] = mb_stats.get(k, 0.0) + (float(v) * share if own else 0.0)
                 norm = self._grad_norm([p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None])
@@ -573,9 +622,14 @@ class AgentRLModule(pl.LightningModule):
         self.lr_schedulers().step()
         return {k: v / max(count, 1) for k, v in sums.items()}
 
-    def _loss_size(self, batch: TrainBatch) -> float:
-        """What the loss of ``batch`` averages over: response tokens (token-mean) or rows."""
-        return float(batch.response_mask.sum()) if self.algo.loss_agg == "token-mean" else float(len(batch))
+    def _loss_sizes(self, batch: TrainBatch) -> tuple[float, float]:
+        """What the loss of ``batch``'s on-policy and replayed rows averages over: response tokens
+        (token-mean) or rows."""
+        rep = batch.is_replay
+        if self.algo.loss_agg == "token-mean":
+            per_row = batch.response_mask.sum(-1).float()
+            return float(per_row[~rep].sum()), float(per_row[rep].sum())
+        return float((~rep).sum()), float(rep.sum())
 
     def _grad_norm(self, grads: list[torch.Tensor]) -> float:
         """Gradient norm over all ranks' shards (DTensor shards under FSDP2, flat shards under FSDP1)."""
@@ -598,7 +652,18 @@ class AgentRLModule(pl.LightningModule):
         critic_opt.step()
         return float(loss) if len(mb) else 0.0
 
-    def _loss(self, mb: TrainBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _loss(self, mb: TrainBatch, scale: dict[str, float] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The weighted loss of one micro-batch and its diagnostics (means over its own rows).
+
+        ``scale`` weighs each term by the micro-batch's share of the minibatch (``_update``):
+        ``pg_on`` / ``pg_off`` the policy loss of the on-policy / replayed rows, ``on`` the terms
+        estimated on the learner's own rows (KL and entropy with ``replay_regularisers: exclude``),
+        ``pooled`` every other term. None: ``mb`` is a whole minibatch under one pooled mean.
+        """
+        if scale is None:
+            s_on, s_off = self._loss_sizes(mb)
+            w_on, w_off = term_weights(s_on, s_off, None)
+            scale = {"pg_on": w_on, "pg_off": w_off, "pooled": 1.0, "on": 1.0}
         algo = self.algo
         dev = self.device
         shared_critic = self.value_head is not None
@@ -608,28 +673,42 @@ class AgentRLModule(pl.LightningModule):
         logprobs, entropy, values = out[:3]
         state = out[3] if swap.coef > 0 else None
         mask = mb.response_mask.to(dev)
+        rep = mb.is_replay.to(dev)[:, None]
         eps_scale = mb.clip_eps.to(dev)
-        pg_loss, st = losses.clipped_surrogate(
-            logprobs, mb.old_logprobs.to(dev), mb.behaviour_logprobs.to(dev), mb.advantages.to(dev), mask,
-            eps_low=algo.clip_eps_low * eps_scale, eps_high=algo.clip_eps_high * eps_scale, agg=algo.loss_agg,
-        )
+        old, behaviour, advantages = mb.old_logprobs.to(dev), mb.behaviour_logprobs.to(dev), mb.advantages.to(dev)
+
+        def surrogate(m):
+            return losses.clipped_surrogate(
+                logprobs, old, behaviour, advantages, m, eps_low=algo.clip_eps_low * eps_scale,
+                eps_high=algo.clip_eps_high * eps_scale, agg=algo.loss_agg, max_centre=algo.clip_max_centre,
+                clip_mode=algo.clip_mode)
+
+        pg_loss, st = surrogate(mask)  # over every row: the logged policy loss and clip statistics
+        pg_on, pg_off = surrogate(mask & ~rep)[0], surrogate(mask & rep)[0]
         # critic warm-up: the actor does not move during the first iterations (verl's critic_warmup)
         actor_moves = self.iteration >= self.critic_cfg.warmup_iterations or self.algo.estimator != "gae"
-        total = pg_loss if actor_moves else pg_loss * 0.0
+        total = (scale["pg_on"] * pg_on + scale["pg_off"] * pg_off) * (1.0 if actor_moves else 0.0)
         stats = {"policy_loss": pg_loss.detach(), **{k: v.detach() for k, v in st.items()}}
         if shared_critic:
             v_loss = losses.value_loss(values, mb.old_values.to(dev), mb.returns.to(dev), self.critic_cfg.value_clip)
-            total = total + self.critic_cfg.value_coef * v_loss
+            total = total + scale["pooled"] * self.critic_cfg.value_coef * v_loss
             stats["value_loss"] = v_loss.detach()
-        ent = losses.aggregate(entropy, mask, algo.loss_agg)
+        if algo.replay_regularisers == "exclude":  # KL and entropy on the learner's own samples only
+            reg_mask, reg_scale = mask & ~rep, scale["on"]
+        else:  # replay tokens weighted by c = pi_old / pi_behaviour (capped like the clip centre)
+            centre = torch.exp(torch.where(mask, old - behaviour, torch.zeros_like(old)))
+            if algo.clip_max_centre is not None:
+                centre = centre.clamp(max=algo.clip_max_centre)
+            reg_mask, reg_scale = torch.where(rep, centre, torch.ones_like(centre)) * mask, scale["pooled"]
+        ent = losses.aggregate(entropy, reg_mask, algo.loss_agg)
         stats["entropy"] = ent.detach()
         if algo.entropy_coef > 0 and actor_moves:
-            total = total - algo.entropy_coef * ent
+            total = total - reg_scale * algo.entropy_coef * ent
         if mb.ref_logprobs is not None:
-            kl = losses.aggregate(losses.kl_penalty(logprobs, mb.ref_logprobs.to(dev), kind=algo.kl_estimator), mask, algo.loss_agg)
+            kl = losses.aggregate(losses.kl_penalty(logprobs, mb.ref_logprobs.to(dev), kind=algo.kl_estimator), reg_mask, algo.loss_agg)
             stats["kl"] = kl.detach()
             if actor_moves:
-                total = total + algo.kl_coef * kl
+                total = total + reg_scale * algo.kl_coef * kl
         if swap.coef > 0 and actor_moves:
             lam = losses.swap_lambda(self.iteration, swap.coef, swap.warmup_iterations)
             gen = torch.Generator().manual_seed(self.seed * 100003 + self.iteration)
@@ -639,13 +718,27 @@ class AgentRLModule(pl.LightningModule):
                 strategy=swap.strategy, num_partners=swap.num_partners, beta_s=swap.beta_s, p_swap=swap.p_swap,
                 eps_low=algo.clip_eps_low, eps_high=algo.clip_eps_high, agg=algo.loss_agg,
                 behaviour_logprobs=mb.behaviour_logprobs.to(dev), generator=gen)
-            total = total + lam * swap_loss
+            total = total + scale["pooled"] * lam * swap_loss
             stats["swap_loss"] = swap_loss.detach()
             stats["swap_frac"] = torch.as_tensor(swap_stats["swap_frac"]).detach()
-        stats["loss"] = total.detach()
+        stats["loss"] = total.detach() / max(scale["pooled"], 1e-12)
         return total, stats
 
     # -- metrics -------------------------------------------------------------------------
+    def _log_replay(self, advantages: torch.Tensor, flat: FlatTurns) -> None:
+        """What the replayed rows contribute: their mean |advantage|, the fraction at exactly 0,
+        and their share of the iteration's response tokens (this rank)."""
+        rep = flat.is_replay
+        if not bool(rep.any()):
+            return
+        a = (advantages + self.algo.invalid_action_penalty * flat.invalid.float())[rep]  # the estimator's, before the penalty
+        tokens = torch.tensor([len(t.response_ids) for t in flat.turns], dtype=torch.float32)
+        self.log_dict({
+            "rspo/replay_adv_abs": float(a.abs().mean()),
+            "rspo/replay_zero_frac": float((a == 0).float().mean()),
+            "rspo/replay_token_share": float(tokens[rep].sum() / tokens.sum()),
+        }, on_step=True)
+
     def _log_rollout(self, trajectories: list[Trajectory], prefix: str) -> None:
         won, played = self._sum(sum(t.success for t in trajectories), len(trajectories))  # every rank calls this
         if not trajectories:

@@ -4,8 +4,9 @@ SPA-RL (Stepwise Progress Attribution, Wang et al., arXiv 2505.20732) redistribu
 outcome reward over the turns of an episode: an LM backbone reads the episode, a head on the
 hidden state at the last token of each turn t gives a progress contribution c_t, and the model
 is trained so that the contributions add up to the final reward, MSE(Σ_t c_t, R). The dense
-reward of turn t is then r_t = c_t + grounding (grounding = 0.5 when the turn's action was valid,
-the paper's "grounding signal").
+reward of turn t is then r_t = c_t + grounding·[turn t's action was valid] (the paper's
+"grounding signal"; its size is bounded so that a failing episode cannot out-earn a win, see
+``ProcessRewardModelReward``).
 
 - ``ProcessRewardModule`` trains it (``rspo-lightning fit --config configs/household/prm.yaml``);
 - ``TrajectoryEpisodeDataModule`` feeds it whole trajectories (one sample = one episode);
@@ -17,7 +18,12 @@ Deviations from the paper and its released code (``prm/train_our_progress_model.
 - ``head: linear`` reads the last *hidden state*: ``Linear(H, 1)``. The released code puts its
   ``Linear(V, 1)`` on the LM's output *logits* at that token; a head on the hidden state is the
   same function class up to the (frozen-able) unembedding, and costs no ``[L, V]`` logits.
-- The default ``head: mlp_tanh`` (Linear -> Tanh -> Linear) follows the paper's description.
+- The default ``head: mlp_tanh`` (Linear -> Tanh -> Linear -> Tanh) is the head as the RSPO
+  paper states it: the per-turn output r̂_t = tanh(MLP(h_t)) is bounded in (−1, 1).
+  ``head: linear`` is unbounded, as SPA-RL's released code.
+- The grounding bonus defaults to ``success_reward / (2 · max_steps)`` (0.1 with the Household /
+  ALFWorld defaults 10 and 50), not SPA-RL's 0.5: with a success reward of 10 and 50 turns, 0.5
+  per valid turn would let a failing episode earn 25, more than a win.
 - Inputs are token ids recorded during rollout, not a re-rendered chat transcript (see
   ``ProcessRewardModule`` for the exact layout), and a too-long episode is shortened by trimming
   observations, never actions, so every turn keeps its read position (the released code
@@ -176,9 +182,13 @@ def prm_loss(turn_values: Tensor, turn_mask: Tensor, targets: Tensor) -> Tensor:
 class ProgressHead(nn.Module):
     """Per-turn progress c_t from a hidden state ``[..., H]`` -> ``[...]``, in float32.
 
-    ``"mlp_tanh"``: Linear(H, hidden) -> Tanh -> Linear(hidden, 1) (the paper's description);
-    ``"linear"``: Linear(H, 1). The last layer starts at zero, so an untrained model gives
-    c_t = 0 (neutral dense rewards) and the first updates add no noise.
+    ``"mlp_tanh"``: tanh(Linear(hidden, 1)(tanh(Linear(H, hidden)(h)))), bounded in (−1, 1) (the
+    RSPO paper's head; the output tanh is applied in ``forward``, so ``net[-1]`` is the last
+    Linear for both kinds and the state-dict keys are those of the unbounded version);
+    ``"linear"``: Linear(H, 1), unbounded (SPA-RL's released code). The last Linear starts at
+    zero, so an untrained model gives c_t = 0 (neutral dense rewards) and the first updates add
+    no noise. In floating point the tanh saturates: a pre-activation beyond ~9 (float32) gives
+    exactly ±1.
     """
 
     def __init__(self, hidden_size: int, kind: str = "mlp_tanh", head_hidden: int | None = None):
@@ -195,7 +205,8 @@ class ProgressHead(nn.Module):
         self.kind = kind
 
     def forward(self, hidden: Tensor) -> Tensor:
-        return self.net(hidden.to(self.net[0].weight.dtype)).squeeze(-1)
+        out = self.net(hidden.to(self.net[0].weight.dtype)).squeeze(-1)
+        return torch.tanh(out) if self.kind == "mlp_tanh" else out
 
 
 # --------------------------------------------------------------------------- data
@@ -313,8 +324,9 @@ class ProcessRewardModule(pl.LightningModule):
             tokenizer that wrote them, so ``tiny`` is refused. ``gradient_checkpointing`` applies.
         optim: AdamW settings of the head and (unless frozen) the backbone; the schedule's
             ``warmup_iterations`` / ``decay_iterations`` count optimizer steps.
-        head: ``mlp_tanh`` (Linear -> Tanh -> Linear, the paper's description) or ``linear``
-            (one Linear on the hidden state; the released code's single linear layer).
+        head: ``mlp_tanh`` (Linear -> Tanh -> Linear -> Tanh, the paper's head, c_t in (−1, 1))
+            or ``linear`` (one unbounded Linear on the hidden state; the released code's single
+            linear layer).
         head_hidden: width of the ``mlp_tanh`` hidden layer; None = the backbone's hidden size.
         freeze_backbone: train the head only (the backbone runs without gradients, in eval mode).
         max_length: longest packed episode in tokens (at most the backbone's context length);
@@ -519,6 +531,39 @@ def _load_checkpoint(path: str, map_location) -> ProcessRewardModule:
     return ProcessRewardModule.load_from_checkpoint(path, map_location=map_location, weights_only=True)
 
 
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def grounding_bonus(grounding: float | None, success_reward: float, max_steps: int) -> float:
+    """The per-valid-turn grounding bonus ``ProcessRewardModelReward`` adds (see its docstring).
+
+    None -> ``success_reward / (2 * max_steps)``; an explicit value is returned as a float once
+    ``grounding * max_steps < success_reward`` holds.
+
+    Raises:
+        ValueError: ``success_reward`` not a finite number > 0, ``max_steps`` not an integer
+            >= 1, ``grounding`` not a finite number or None, or a bonus that lets ``max_steps``
+            valid turns earn at least ``success_reward``.
+    """
+    if not (_is_number(success_reward) and 0 < success_reward < float("inf")):
+        raise ValueError(f"success_reward must be a finite number > 0 (the env's reward for a win), got {success_reward!r}")
+    if not (isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps >= 1):
+        raise ValueError(f"max_steps must be an integer >= 1 (the env's episode length cap), got {max_steps!r}")
+    if grounding is None:
+        return float(success_reward) / (2 * max_steps)
+    if not (_is_number(grounding) and abs(grounding) < float("inf")):
+        raise ValueError(f"grounding must be a finite number or None, got {grounding!r}")
+    if grounding * max_steps >= success_reward:
+        raise ValueError(
+            f"grounding={grounding} per valid turn over max_steps={max_steps} turns earns {grounding * max_steps:g}, "
+            f"not less than success_reward={success_reward}: a failing episode would out-earn a win. Use grounding < "
+            f"{success_reward / max_steps:g} (None = success_reward / (2 * max_steps) = {success_reward / (2 * max_steps):g}), "
+            f"or pass the env's actual success_reward and max_steps"
+        )
+    return float(grounding)
+
+
 class ProcessRewardModelReward:
     """Dense reward from a trained SPA-RL progress estimator: r_t = c_t + grounding·[turn t valid].
 
@@ -531,11 +576,20 @@ class ProcessRewardModelReward:
             Lightning ``.ckpt`` of a PRM fit (its ``model.policy.source`` must still exist).
             Loading never runs checkpoint code: weights only, ``trust_remote_code`` as the
             checkpoint's policy config says (off by default).
-        grounding: bonus of a turn whose action was valid (``turn.valid``); SPA-RL uses 0.5.
+        grounding: bonus of a turn whose action was valid (``turn.valid``). None (default) =
+            ``success_reward / (2 * max_steps)`` (0.1 with the defaults), so valid turns alone
+            earn at most half a win over an episode. An explicit value must satisfy
+            ``grounding * max_steps < success_reward``, else a failing episode of valid turns
+            would out-earn a win (SPA-RL's 0.5 fails this with 10 and 50: 25 >= 10); 0 turns
+            the bonus off.
+        success_reward: the env's reward on the winning turn (Household / ALFWorld default 10).
+        max_steps: the env's episode length cap (Household / ALFWorld default 50).
         device: where the model runs; None = where it already is (``cpu`` when loaded from disk).
     """
 
-    def __init__(self, model: ProcessRewardModule | str, grounding: float = 0.5, device: str | None = None):
+    def __init__(self, model: ProcessRewardModule | str, grounding: float | None = None, device: str | None = None,
+                 success_reward: float = 10.0, max_steps: int = 50):
+        self.grounding = grounding_bonus(grounding, success_reward, max_steps)
         if isinstance(model, str):
             if os.path.isdir(model):
                 model = ProcessRewardModule.from_pretrained(model)
@@ -549,10 +603,7 @@ class ProcessRewardModelReward:
         model.configure_model()
         if device is not None:
             model = model.to(device)
-        if not (isinstance(grounding, (int, float)) and abs(grounding) < float("inf")):
-            raise ValueError(f"grounding must be a finite number, got {grounding!r}")
         self.model = model.eval()
-        self.grounding = float(grounding)
 
     def turn_rewards(self, trajectory: Trajectory) -> list[float]:
         values = self.model.turn_values([trajectory])[0]

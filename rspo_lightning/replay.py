@@ -1,9 +1,16 @@
 """ReplayBuffer of trajectory groups (RSPO's D, DESIGN §10).
 
-Groups are stored whole (group-relative advantages stay defined on replay) with their behaviour
-log-probs, outcome rewards, success, task type, policy tag and iteration. One buffer per rank:
-each rank replays what it played. The state is plain lists/dicts/numbers, so it is saved in a
-Lightning checkpoint and loads back with ``torch.load(weights_only=True)``.
+Groups are stored whole with their behaviour log-probs, outcome rewards, success, task type,
+policy tag, iteration and (when the learner's estimator is group-relative) each turn's
+``replay_advantage``: the advantage computed over the full collected group with the outcome
+reward at collection time. One buffer per rank: each rank replays what it played. The state is
+plain lists/dicts/numbers, so it is saved in a Lightning checkpoint and loads back with
+``torch.load(weights_only=True)``.
+
+What a replay slot may hold (DESIGN §10, "replay must carry gradient"): an item (a group, or a
+trajectory with ``unit="trajectory"``) whose advantage is exactly 0 on every turn - an all-won
+or all-failed group under GRPO - adds no policy gradient, so with ``skip_zero_advantage`` it is
+never drawn.
 """
 
 from __future__ import annotations
@@ -11,14 +18,24 @@ from __future__ import annotations
 import copy
 import random
 from collections import deque
-from typing import Sequence
+from typing import Any, Sequence
 
 from rspo_lightning.trajectory_io import trajectory_from_dict, trajectory_to_dict
 from rspo_lightning.types import Trajectory
 
 SAMPLING = ("reward", "random", "variance")
+UNITS = ("group", "trajectory")
 # Added to every weight so that no group has probability 0 and an all-equal buffer is uniform.
 WEIGHT_FLOOR = 1e-3
+
+
+def has_signal(traj: Trajectory, group_returns_equal: bool) -> bool:
+    """Whether ``traj`` would train with a non-zero advantage somewhere: its stored per-turn
+    ``replay_advantage`` when set, else (no stored advantage) whether its group's returns differ."""
+    stored = [t.replay_advantage for t in traj.turns if t.replay_advantage is not None]
+    if stored:
+        return any(a != 0.0 for a in stored)
+    return not group_returns_equal
 
 
 def group_return_stats(group: Sequence[Trajectory]) -> tuple[float, float]:
@@ -33,20 +50,28 @@ class ReplayBuffer:
 
     Args:
         capacity: most groups kept; the oldest go first.
-        sampling: ``reward`` (weight = group mean outcome return - the buffer's lowest + floor:
-            prefers groups that scored), ``random`` (uniform) or ``variance`` (weight = variance of
-            the group's returns + floor: prefers groups whose episodes disagree, the ones that
-            carry a group-relative signal).
+        sampling: ``reward`` (weight = the item's mean outcome return - the lowest candidate's +
+            floor: prefers items that scored), ``random`` (uniform) or ``variance`` (weight =
+            variance of the returns of the item's group + floor: prefers groups whose episodes
+            disagree).
+        unit: what one draw takes: a whole ``group`` or one ``trajectory`` (then a replayed
+            trajectory trains with its stored ``replay_advantage``, computed over its full group).
+        skip_zero_advantage: never draw an item without signal (``has_signal``).
         seed: seed of the sampling stream (its state is checkpointed).
     """
 
-    def __init__(self, capacity: int = 256, sampling: str = "reward", seed: int = 0):
+    def __init__(self, capacity: int = 256, sampling: str = "reward", seed: int = 0, unit: str = "group",
+                 skip_zero_advantage: bool = False):
         if capacity < 1:
             raise ValueError(f"replay capacity must be >= 1, got {capacity}")
         if sampling not in SAMPLING:
             raise ValueError(f"replay sampling must be one of {SAMPLING}, got {sampling!r}")
+        if unit not in UNITS:
+            raise ValueError(f"replay unit must be one of {UNITS}, got {unit!r}")
         self.capacity = capacity
         self.sampling = sampling
+        self.unit = unit
+        self.skip_zero_advantage = skip_zero_advantage
         self.groups: deque[list[Trajectory]] = deque(maxlen=capacity)
         self.rng = random.Random(seed)
 
@@ -71,23 +96,50 @@ class ReplayBuffer:
         return sum(t.success for t in trajs) / len(trajs) if trajs else 0.0
 
     def weights(self) -> list[float]:
-        """Sampling weight of each stored group under the configured strategy."""
+        """Sampling weight of each stored group under the configured strategy (all groups)."""
+        return self._weights([(g, g) for g in self.groups])
+
+    def _weights(self, items: list[tuple[list[Trajectory], list[Trajectory]]]) -> list[float]:
+        """Weights of ``(trajectories of the item, the item's group)`` pairs."""
         if self.sampling == "random":
-            return [1.0] * len(self.groups)
-        stats = [group_return_stats(g) for g in self.groups]
+            return [1.0] * len(items)
         if self.sampling == "variance":
-            return [var + WEIGHT_FLOOR for _, var in stats]
-        low = min(mean for mean, _ in stats)
-        return [mean - low + WEIGHT_FLOOR for mean, _ in stats]
+            return [group_return_stats(g)[1] + WEIGHT_FLOOR for _, g in items]
+        means = [sum(t.outcome_return for t in trajs) / len(trajs) for trajs, _ in items]
+        low = min(means)
+        return [m - low + WEIGHT_FLOOR for m in means]
+
+    def candidates(self) -> list[tuple[list[Trajectory], list[Trajectory]]]:
+        """The drawable items as ``(trajectories, their group)``: whole groups or single
+        trajectories (``unit``), leaving out those without signal when ``skip_zero_advantage``."""
+        items = []
+        for g in self.groups:
+            equal = group_return_stats(g)[1] == 0.0
+            if self.unit == "group":
+                if not self.skip_zero_advantage or any(has_signal(t, equal) for t in g):
+                    items.append((list(g), g))
+            else:
+                items.extend(([t], g) for t in g if not self.skip_zero_advantage or has_signal(t, equal))
+        return items
+
+    def num_candidates(self) -> int:
+        return len(self.candidates())
 
     def sample(self, n: int) -> list[list[Trajectory]]:
-        """``min(n, len(self))`` distinct groups, drawn one by one with probability ∝ weight."""
+        """``min(n, candidates)`` distinct items, drawn one by one with probability ∝ weight.
+
+        Returned as groups: a drawn group whole, or (``unit="trajectory"``) the drawn trajectories
+        of each stored group together, in the order first drawn.
+        """
         if n < 0:
-            raise ValueError(f"cannot sample a negative number of groups, got {n}")
+            raise ValueError(f"cannot sample a negative number of items, got {n}")
         if n == 0 or not self.groups:
             return []
-        weights = self.weights()
-        index = list(range(len(self.groups)))
+        items = self.candidates()
+        if not items:
+            return []
+        weights = self._weights(items)
+        index = list(range(len(items)))
         chosen: list[int] = []
         for _ in range(min(n, len(index))):
             total = sum(weights[i] for i in index)
@@ -97,13 +149,19 @@ class ReplayBuffer:
                 if x <= 0 or pos == len(index) - 1:
                     chosen.append(index.pop(pos))
                     break
-        return [self.groups[i] for i in chosen]
+        out: dict[int, list[Trajectory]] = {}
+        for i in chosen:
+            trajs, group = items[i]
+            out.setdefault(id(group), []).extend(trajs)
+        return list(out.values())
 
     def state_dict(self) -> dict:
         version, internal, gauss = self.rng.getstate()
         return {
             "capacity": self.capacity,
             "sampling": self.sampling,
+            "unit": self.unit,
+            "skip_zero_advantage": self.skip_zero_advantage,
             "groups": [[trajectory_to_dict(t) for t in g] for g in self.groups],
             "rng": [version, list(internal), gauss],
         }
@@ -111,7 +169,18 @@ class ReplayBuffer:
     def load_state_dict(self, state: dict) -> None:
         self.capacity = int(state["capacity"])
         self.sampling = state["sampling"]
+        self.unit = state.get("unit", "group")
+        self.skip_zero_advantage = bool(state.get("skip_zero_advantage", False))
         self.groups = deque(([trajectory_from_dict(t) for t in g] for g in state["groups"]), maxlen=self.capacity)
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
 
+
+def mix_replay(batch: Any, replay: list[list[Trajectory]], group_size: int) -> None:
+    """Put ``replay`` (groups of trajectories) into ``batch`` in place of on-policy groups: as
+    many of the batch's last task groups are dropped as the replayed trajectories fill
+    (``ceil(trajectories / group_size)``), so the batch plays no more episodes than before."""
+    n = sum(len(g) for g in replay)
+    drop = min(len(batch.tasks), -(-n // max(group_size, 1)))
+    batch.tasks = batch.tasks[:len(batch.tasks) - drop]
+    batch.replay = replay

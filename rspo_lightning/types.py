@@ -14,7 +14,7 @@ import torch
 
 Source = Literal["on_policy", "replay"]
 PolicyTag = Literal["A", "B"]
-RewardMode = Literal["outcome", "dense"]
+RewardMode = Literal["outcome", "dense", "outcome+dense"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,9 @@ class Turn:
         allowed_ids: ``[R, K]`` int64 allowed next-token ids at each response position under
             constrained decoding, padded with -1; None for free generation.
         progress: the environment's subgoal completion in [0, 1] after this turn's action.
+        replay_advantage: for a turn stored in RSPO's replay buffer, its advantage under the
+            learner's group-relative estimator over the full collected group with the outcome
+            reward (computed at collection); a replayed row trains with it. None elsewhere.
     """
 
     prompt_ids: torch.Tensor
@@ -70,6 +73,7 @@ class Turn:
     privileged: str | None = None
     allowed_ids: torch.Tensor | None = None
     progress: float = 0.0
+    replay_advantage: float | None = None
 
 
 @dataclass
@@ -120,9 +124,15 @@ class IterationBatch:
         tasks: this rank's task specs, one per group (the engine plays each ``group_size`` times).
         group_size: episodes played per task spec (G).
         replay: trajectory groups sampled from a replay buffer (each inner list is one group).
-        reward_mode: which reward the turns carry for the advantage: ``"outcome"`` or ``"dense"``.
+        reward_mode: which reward the on-policy turns carry for the advantage: ``"outcome"``,
+            ``"dense"`` (the dense reward alone) or ``"outcome+dense"``; replay rows always carry
+            the outcome reward.
         policy_tag: which agent the current weights are (``"A"`` outcome learner, ``"B"`` RSPO's
             dense explorer); recorded in the trajectories played.
+        dense_scale: multiplier of the dense reward in ``dense`` / ``outcome+dense`` modes.
+        replay_weight: α of J = (1 − α) J_on + α J_off: the on-policy and the replay rows of each
+            minibatch are normalised separately and combined with these weights; None pools all
+            rows under one normaliser (each part then weighs its token share).
 
     Deliberately not a dataclass (nor a list or dict): Lightning's ``16-true``/``bf16-true``
     precision plugins rebuild such batches with every float tensor cast to half precision,
@@ -131,16 +141,20 @@ class IterationBatch:
     """
 
     def __init__(self, tasks: list[TaskSpec], group_size: int = 1, replay: list[list[Trajectory]] | None = None,
-                 reward_mode: RewardMode = "outcome", policy_tag: PolicyTag = "A"):
+                 reward_mode: RewardMode = "outcome", policy_tag: PolicyTag = "A", dense_scale: float = 1.0,
+                 replay_weight: float | None = None):
         self.tasks = tasks
         self.group_size = group_size
         self.replay: list[list[Trajectory]] = [] if replay is None else replay
         self.reward_mode: RewardMode = reward_mode
         self.policy_tag: PolicyTag = policy_tag
+        self.dense_scale = dense_scale
+        self.replay_weight = replay_weight
 
     def __repr__(self) -> str:
         return (f"IterationBatch(tasks={self.tasks!r}, group_size={self.group_size}, replay=<{len(self.replay)} groups>, "
-                f"reward_mode={self.reward_mode!r}, policy_tag={self.policy_tag!r})")
+                f"reward_mode={self.reward_mode!r}, policy_tag={self.policy_tag!r}, dense_scale={self.dense_scale}, "
+                f"replay_weight={self.replay_weight})")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, IterationBatch) and vars(self) == vars(other)

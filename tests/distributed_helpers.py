@@ -9,6 +9,7 @@ import os
 import torch
 from lightning.pytorch import Callback
 
+from rspo_lightning.callbacks.rspo import RSPOLoop
 from rspo_lightning.module import AgentRLModule
 
 
@@ -93,3 +94,25 @@ class ReplayedRollouts(AgentRLModule):
         for rank in range(self.recorded_world_size):
             out += torch.load(os.path.join(self.recording_dir, f"traj_it{it}_rank{rank}.pt"), weights_only=False)
         return out
+
+
+class ReplayCountingLoop(RSPOLoop):
+    """RSPOLoop that records, per iteration, how many replayed trajectories this rank's batch
+    holds once the data module has composed the mix (``replay<r>.json`` at the end). Zero-advantage
+    items may fill replay slots here: the untrained tiny model wins nothing, and the test is about
+    the counts."""
+
+    def __init__(self, out_dir: str = "", **kwargs):
+        super().__init__(**kwargs)
+        self.buffer.skip_zero_advantage = False
+        self.out_dir = out_dir
+        self.replayed: list[int] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        self.replayed.append(sum(len(g) for g in batch.replay))
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        os.makedirs(self.out_dir, exist_ok=True)
+        with open(os.path.join(self.out_dir, f"replay{trainer.global_rank}.json"), "w") as f:
+            json.dump({"replayed": self.replayed, "group_size": trainer.datamodule.group_size}, f)

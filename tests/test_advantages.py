@@ -113,6 +113,80 @@ def test_zero_variance_and_singleton_groups_give_zeros():
     check(rloo_advantages(r, ti, gi, tu), [0.0] * 10)
 
 
+# episode_stats="steps": each turn sample carries its trajectory's return R(tau).
+# group 0: traj 0 has 1 turn, R = 1; traj 1 has 3 turns, R = 0 -> samples (1, 0, 0, 0)
+# group 1: traj 2 has 2 turns, R = 0.5; traj 3 has 1 turn, R = 2 -> samples (0.5, 0.5, 2)
+# group 2: traj 4, one turn, R = 5 -> one sample
+# group 3: traj 5, three turns, R = 0.1 -> samples (0.1, 0.1, 0.1), one trajectory
+STEP_GROUPS = [
+    (0, 0, [1.0], None),
+    (0, 1, [0.0, 0.0, 0.0], None),
+    (1, 2, [0.0, 0.5], None),
+    (1, 3, [2.0], None),
+    (2, 4, [5.0], None),
+    (3, 5, [0.0, 0.0, 0.1], None),
+]
+
+
+def test_grpo_step_statistics_by_hand():
+    r, ti, gi, tu, _ = flat(STEP_GROUPS)
+    # group 0: mean (1 + 0 + 0 + 0)/4 = 0.25 -> deviations (0.75, -0.25, -0.25, -0.25);
+    #   unbiased std sqrt((0.5625 + 3 * 0.0625) / 3) = sqrt(0.25) = 0.5
+    # group 1: mean (0.5 + 0.5 + 2)/3 = 1 -> deviations (-0.5, -0.5, 1);
+    #   unbiased std sqrt((0.25 + 0.25 + 1) / 2) = sqrt(0.75)
+    # groups 2 and 3: one sample / all samples equal -> 0
+    s1 = math.sqrt(0.75)
+    expected_std = (
+        [0.75 / (0.5 + EPS)] + [-0.25 / (0.5 + EPS)] * 3
+        + [-0.5 / (s1 + EPS)] * 2 + [1 / (s1 + EPS)]
+        + [0.0] + [0.0] * 3
+    )
+    check(grpo_advantages(r, ti, gi, tu, episode_stats="steps"), expected_std)
+    expected_mean = [0.75, -0.25, -0.25, -0.25, -0.5, -0.5, 1.0, 0.0, 0.0, 0.0, 0.0]
+    check(grpo_advantages(r, ti, gi, tu, norm="mean", episode_stats="steps"), expected_mean)
+    # trajectory statistics (default): group 0 mean 0.5, std sqrt(0.5); group 1 mean 1.25,
+    #   deviations (-0.75, 0.75), std sqrt(1.125)
+    s0, s1t = math.sqrt(0.5), math.sqrt(1.125)
+    expected_traj = (
+        [0.5 / (s0 + EPS)] + [-0.5 / (s0 + EPS)] * 3
+        + [-0.75 / (s1t + EPS)] * 2 + [0.75 / (s1t + EPS)]
+        + [0.0] * 4
+    )
+    check(grpo_advantages(r, ti, gi, tu), expected_traj)
+    check(grpo_advantages(r, ti, gi, tu, episode_stats="trajectory"), expected_traj)
+
+
+def test_rloo_step_statistics_by_hand():
+    r, ti, gi, tu, _ = flat(STEP_GROUPS)
+    # group 0, sum of the samples' R = 1, count 4:
+    #   traj 0's sample: 1 - (1 - 1)/3 = 1 ; traj 1's samples: 0 - (1 - 0)/3 = -1/3
+    # group 1, sum = 3, count 3:
+    #   traj 2's samples: 0.5 - (3 - 0.5)/2 = -0.75 ; traj 3's: 2 - (3 - 2)/2 = 1.5
+    # group 2: one sample -> 0 ; group 3: one trajectory, all samples R = 0.1 -> 0
+    expected = [1.0, -1 / 3, -1 / 3, -1 / 3, -0.75, -0.75, 1.5, 0.0, 0.0, 0.0, 0.0]
+    out = rloo_advantages(r, ti, gi, tu, episode_stats="steps")
+    check(out, expected)
+    assert (out[7:] == 0).all()  # exactly 0, not a rounding residue
+    # trajectory statistics (default): 1 - 0, 0 - 1 ; 0.5 - 2, 2 - 0.5 ; 0 ; 0
+    expected_traj = [1.0, -1.0, -1.0, -1.0, -1.5, -1.5, 1.5, 0.0, 0.0, 0.0, 0.0]
+    check(rloo_advantages(r, ti, gi, tu), expected_traj)
+    check(rloo_advantages(r, ti, gi, tu, episode_stats="trajectory"), expected_traj)
+
+
+def test_step_statistics_option_is_validated():
+    r, ti, gi, tu, _ = flat(STEP_GROUPS)
+    msg = r"episode_stats must be one of \['trajectory', 'steps'\], got 'turns'"
+    with pytest.raises(ValueError, match=msg):
+        grpo_advantages(r, ti, gi, tu, episode_stats="turns")
+    with pytest.raises(ValueError, match=msg):
+        rloo_advantages(r, ti, gi, tu, episode_stats="turns")
+    # through the registry, as the module passes algorithm.estimator_kwargs
+    out = compute_advantages(
+        "rloo", rewards=r, traj_index=ti, group_index=gi, turn_index=tu, episode_stats="steps"
+    )
+    check(out, [1.0, -1 / 3, -1 / 3, -1 / 3, -0.75, -0.75, 1.5, 0.0, 0.0, 0.0, 0.0])
+
+
 def test_output_dtype_and_device_follow_rewards():
     r, ti, gi, tu, _ = flat(TWO_GROUPS)
     out = grpo_advantages(r.float(), ti, gi, tu)
@@ -488,7 +562,9 @@ def test_all_estimators_finite_and_group_relative(trajs):
     success = torch.zeros(len(r), dtype=torch.bool)
     outs = [
         grpo_advantages(r, ti, gi, tu),
+        grpo_advantages(r, ti, gi, tu, episode_stats="steps"),
         rloo_advantages(r, ti, gi, tu),
+        rloo_advantages(r, ti, gi, tu, episode_stats="steps"),
         gae_advantages(r, ti, gi, tu, values=torch.zeros_like(r)).advantages,
         gigpo_advantages(r, ti, gi, tu, anchors=anchors),
         proxmo_advantages(r, ti, gi, tu, anchors=anchors, success=success),

@@ -96,6 +96,22 @@ def test_ddp_ranks_with_unequal_episodes_take_the_same_steps_and_finish(tmp_path
     assert [r["backwards"] for r in ranks] == [backwards, backwards]
 
 
+def test_ddp_alpha_is_global_over_ranks(tmp_path):
+    """4 groups over 2 ranks, alpha = 1/4: round_half_up(0.25 * 4) = 1 replay group in all (rank 0
+    holds it). Rounding per rank would give round_half_up(0.25 * 2) = 1 on each rank, 2 in all."""
+    out = tmp_path / "replay"
+    _fit([*TINY_ARGS, "--config", os.path.join(ROOT, "configs", "trainer", "ddp_cpu.yaml"),
+          "--data.groups_per_iteration", "4", "--data.iterations_per_epoch", "3", "--trainer.max_epochs", "1",
+          "--trainer.num_sanity_val_steps", "0", "--trainer.limit_val_batches", "0", "--trainer.enable_checkpointing", "false",
+          "--model.dense_reward", "rspo_lightning.rewards.EnvProgressReward",
+          "--trainer.callbacks+=distributed_helpers.ReplayCountingLoop", f"--trainer.callbacks.out_dir={out}",
+          "--trainer.callbacks.k=1", "--trainer.callbacks.offline_ratio=0.25"], cwd=tmp_path)
+    ranks = [json.loads((out / f"replay{r}.json").read_text()) for r in (0, 1)]
+    group_size = ranks[0]["group_size"]
+    # iterations: explore, collect, exploit; only the exploit batch replays, one group's worth on rank 0
+    assert [r["replayed"] for r in ranks] == [[0, 0, group_size], [0, 0, 0]]
+
+
 def test_fsdp2_two_ranks_with_resume_match_one_process_on_the_same_trajectories(tmp_path):
     """Sharded (FSDP2 over gloo) rollout, update, sharded checkpoint and resume; then one process
     trains on the union of the trajectories the two ranks trained on. The weights must agree."""

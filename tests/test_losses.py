@@ -150,6 +150,150 @@ def test_all_masked_batch_gives_zero():
         close(stats["clip_frac"], 0.0)
 
 
+def single_token_rows(centre, ratios):
+    """One response token per row: behaviour logp 0, old logp log(centre) (so c = centre),
+    current logp log(ratio) (so rho = ratio); the current log-probs require a gradient."""
+    n = len(ratios)
+    behaviour = torch.zeros(n, 1, dtype=torch.float64)
+    old = t([[LOG(centre)]] * n)
+    logp = t([[LOG(r)] for r in ratios]).requires_grad_(True)
+    return logp, old, behaviour, torch.ones(n, 1, dtype=torch.float64)
+
+
+def test_additive_clip_with_centre_below_eps_low():
+    # c = 0.1, eps 0.2: window [max(0.1 - 0.2, 0), 0.1 + 0.2] = [0, 0.3].
+    # row 0: rho 0.05, A -1: clip 0.05 (above 0) -> min(-0.05, -0.05) -> term 0.05, unclipped
+    # row 1: rho 0.5,  A +1: clip 0.3 -> min(0.5, 0.3) = 0.3 -> term -0.3, clipped
+    # row 2: rho 0.5,  A -1: clip 0.3 -> min(-0.5, -0.3) = -0.5 -> term 0.5, unclipped
+    # row 3: rho 0.2,  A +1: inside -> term -0.2, unclipped
+    logp, old, behaviour, mask = single_token_rows(0.1, [0.05, 0.5, 0.5, 0.2])
+    loss, stats = clipped_surrogate(logp, old, behaviour, t([-1.0, 1.0, -1.0, 1.0]), mask)
+    close(loss, (0.05 - 0.3 + 0.5 - 0.2) / 4)
+    close(stats["clip_frac"], 1 / 4)
+    close(stats["centre_mean"], 0.1)
+    close(stats["ratio_mean"], (0.05 + 0.5 + 0.5 + 0.2) / 4)
+    loss.backward()
+    # unclipped token: d(-rho A / 4)/dlogp = -rho A / 4; clipped token: exactly 0
+    close(logp.grad, [[0.05 / 4], [0.0], [0.5 / 4], [-0.2 / 4]])
+
+
+def test_multiplicative_clip_with_centre_below_eps_low():
+    # c = 0.1, eps 0.2: window [0.1 * 0.8, 0.1 * 1.2] = [0.08, 0.12].
+    # row 0: rho 0.05, A -1: clip 0.08 -> min(-0.05, -0.08) = -0.08 -> term 0.08, clipped
+    #   (the additive window [0, 0.3] leaves this token unclipped)
+    # row 1: rho 0.5,  A +1: clip 0.12 -> term -0.12, clipped
+    # row 2: rho 0.1,  A +1: inside -> term -0.1, unclipped
+    # row 3: rho 0.1,  A -1: inside -> term 0.1, unclipped
+    logp, old, behaviour, mask = single_token_rows(0.1, [0.05, 0.5, 0.1, 0.1])
+    adv = t([-1.0, 1.0, 1.0, -1.0])
+    loss, stats = clipped_surrogate(logp, old, behaviour, adv, mask, clip_mode="multiplicative")
+    close(loss, (0.08 - 0.12 - 0.1 + 0.1) / 4)
+    close(stats["clip_frac"], 2 / 4)
+    close(stats["centre_mean"], 0.1)
+    loss.backward()
+    close(logp.grad, [[0.0], [0.0], [-0.1 / 4], [0.1 / 4]])
+
+
+# c = 2: rho (3.0, 1.0, 1.0, 3.0, 2.3) with A (+1, -1, +1, -1, +1)
+BIG_CENTRE_RATIOS = [3.0, 1.0, 1.0, 3.0, 2.3]
+BIG_CENTRE_ADV = [1.0, -1.0, 1.0, -1.0, 1.0]
+
+
+def test_additive_clip_with_centre_above_one():
+    # window [2 - 0.2, 2 + 0.2] = [1.8, 2.2]
+    # row 0: 3.0, +1: clip 2.2 -> min(3, 2.2) -> -2.2, clipped
+    # row 1: 1.0, -1: clip 1.8 -> min(-1, -1.8) -> 1.8, clipped
+    # row 2: 1.0, +1: clip 1.8 -> min(1, 1.8) -> -1.0, unclipped
+    # row 3: 3.0, -1: clip 2.2 -> min(-3, -2.2) -> 3.0, unclipped
+    # row 4: 2.3, +1: clip 2.2 -> -2.2, clipped
+    logp, old, behaviour, mask = single_token_rows(2.0, BIG_CENTRE_RATIOS)
+    loss, stats = clipped_surrogate(logp, old, behaviour, t(BIG_CENTRE_ADV), mask)
+    close(loss, (-2.2 + 1.8 - 1.0 + 3.0 - 2.2) / 5)
+    close(stats["clip_frac"], 3 / 5)
+    close(stats["centre_mean"], 2.0)
+    loss.backward()
+    close(logp.grad, [[0.0], [0.0], [-1.0 / 5], [3.0 / 5], [0.0]])
+
+
+def test_multiplicative_clip_with_centre_above_one():
+    # window [2 * 0.8, 2 * 1.2] = [1.6, 2.4]
+    # row 0: 3.0, +1: clip 2.4 -> -2.4, clipped
+    # row 1: 1.0, -1: clip 1.6 -> min(-1, -1.6) -> 1.6, clipped
+    # row 2: 1.0, +1: -> -1.0, unclipped
+    # row 3: 3.0, -1: clip 2.4 -> min(-3, -2.4) -> 3.0, unclipped
+    # row 4: 2.3, +1: inside [1.6, 2.4] -> -2.3, unclipped
+    logp, old, behaviour, mask = single_token_rows(2.0, BIG_CENTRE_RATIOS)
+    loss, stats = clipped_surrogate(
+        logp, old, behaviour, t(BIG_CENTRE_ADV), mask, clip_mode="multiplicative"
+    )
+    close(loss, (-2.4 + 1.6 - 1.0 + 3.0 - 2.3) / 5)
+    close(stats["clip_frac"], 2 / 5)
+    loss.backward()
+    close(logp.grad, [[0.0], [0.0], [-1.0 / 5], [3.0 / 5], [-2.3 / 5]])
+
+
+def test_multiplicative_equals_additive_on_policy():
+    # c = 1: both windows are [0.8, 1.2]; the on-policy batch's hand-computed loss
+    logp, old, behaviour, adv, mask = on_policy_batch()
+    loss, stats = clipped_surrogate(logp, old, behaviour, adv, mask, clip_mode="multiplicative")
+    close(loss, (-2.4 - 1.0 - 2.2 + 1.5 + 0.8) / 5)
+    close(stats["clip_frac"], 2 / 5)
+    close(stats["centre_mean"], 1.0)
+
+
+def test_max_centre_caps_the_centre():
+    # raw c = 2, max_centre 1 -> c = 1, additive window [0.8, 1.2]; rho itself is unchanged
+    # row 0: rho 3.0, +1: clip 1.2 -> -1.2, clipped
+    # row 1: rho 1.0, -1: inside -> 1.0, unclipped
+    # row 2: rho 0.5, -1: clip 0.8 -> min(-0.5, -0.8) -> 0.8, clipped
+    # row 3: rho 1.1, +1: inside -> -1.1, unclipped
+    logp, old, behaviour, mask = single_token_rows(2.0, [3.0, 1.0, 0.5, 1.1])
+    adv = t([1.0, -1.0, -1.0, 1.0])
+    loss, stats = clipped_surrogate(logp, old, behaviour, adv, mask, max_centre=1.0)
+    close(loss, (-1.2 + 1.0 + 0.8 - 1.1) / 4)
+    close(stats["clip_frac"], 2 / 4)
+    close(stats["centre_mean"], 1.0)
+    close(stats["ratio_mean"], (3.0 + 1.0 + 0.5 + 1.1) / 4)
+    loss.backward()
+    close(logp.grad, [[0.0], [1.0 / 4], [0.0], [-1.1 / 4]])
+    # multiplicative with the cap at 1.5: window [1.2, 1.8]
+    # rho 3.0 +1 -> -1.8 (clipped); 1.0 -1 -> clip 1.2 -> 1.2 (clipped);
+    # 0.5 -1 -> clip 1.2 -> 1.2 (clipped); 1.1 +1 -> min(1.1, 1.2) -> -1.1 (unclipped)
+    loss, stats = clipped_surrogate(
+        logp, old, behaviour, adv, mask, max_centre=1.5, clip_mode="multiplicative"
+    )
+    close(loss, (-1.8 + 1.2 + 1.2 - 1.1) / 4)
+    close(stats["clip_frac"], 3 / 4)
+    close(stats["centre_mean"], 1.5)
+
+
+def test_max_centre_leaves_smaller_centres_alone():
+    # rows with c = 0.5 and c = 2, cap 1: centres (0.5, 1.0), windows [0.3, 0.7] and [0.8, 1.2]
+    # row 0: rho 0.6, +1: inside -> -0.6 ; row 1: rho 1.1, +1: inside -> -1.1
+    behaviour = t([[0.0], [0.0]])
+    old = t([[LOG(0.5)], [LOG(2.0)]])
+    logp = t([[LOG(0.6)], [LOG(1.1)]])
+    mask = t([[1], [1]])
+    loss, stats = clipped_surrogate(logp, old, behaviour, t([1.0, 1.0]), mask, max_centre=1.0)
+    close(loss, (-0.6 - 1.1) / 2)
+    close(stats["centre_mean"], (0.5 + 1.0) / 2)
+    close(stats["clip_frac"], 0.0)
+    # without the cap row 1's window is [1.8, 2.2]: min(1.1, 1.8) -> -1.1, still unclipped
+    _, stats = clipped_surrogate(logp, old, behaviour, t([1.0, 1.0]), mask)
+    close(stats["centre_mean"], (0.5 + 2.0) / 2)
+
+
+def test_bad_clip_options_name_the_value():
+    logp, old, behaviour, mask = single_token_rows(1.0, [1.0])
+    for bad in (0, -1, 0.0, float("nan")):
+        with pytest.raises(ValueError, match=f"max_centre must be > 0 or None, got {bad!r}"):
+            clipped_surrogate(logp, old, behaviour, t([1.0]), mask, max_centre=bad)
+    with pytest.raises(
+        ValueError, match=r"clip_mode must be one of \['additive', 'multiplicative'\], got 'mul'"
+    ):
+        clipped_surrogate(logp, old, behaviour, t([1.0]), mask, clip_mode="mul")
+
+
 def test_shape_mismatch_names_argument():
     x = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="old_logprobs"):

@@ -120,8 +120,8 @@ def test_non_finite_loss_skips_the_step_and_never_touches_the_weights():
     original = m._loss
     calls = {"n": 0}
 
-    def poisoned(mb):
-        loss, stats = original(mb)
+    def poisoned(mb, *args):
+        loss, stats = original(mb, *args)
         calls["n"] += 1
         return loss * float("nan"), stats  # every minibatch: NaN loss and NaN gradients
 

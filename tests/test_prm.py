@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import lightning.pytorch as pl
@@ -12,7 +13,9 @@ from rspo_lightning.config import OptimConfig, PolicyConfig
 from rspo_lightning.prm import (
     ProcessRewardModelReward,
     ProcessRewardModule,
+    ProgressHead,
     TrajectoryEpisodeDataModule,
+    grounding_bonus,
     pack_episode,
     prm_loss,
 )
@@ -58,11 +61,12 @@ def traj(turns, score=0.0, task_id=0):
 
 
 def set_constant_head(module, value):
-    """Last head layer: weight 0, bias ``value`` -> c_t = value for every turn (both head kinds)."""
+    """Last Linear: weight 0, bias ``value`` (``linear``) or atanh(``value``) (``mlp_tanh``, whose
+    output goes through a tanh) -> c_t = value for every turn."""
     last = module.head.net[-1]
     with torch.no_grad():
         last.weight.zero_()
-        last.bias.fill_(value)
+        last.bias.fill_(math.atanh(value) if module.head.kind == "mlp_tanh" else value)
 
 
 # --------------------------------------------------------------------------- pure pieces
@@ -115,9 +119,11 @@ def test_module_loss_with_a_fixed_head_by_hand(policy_dir, head):
 
 
 def test_head_reads_the_hidden_state_at_each_turns_last_token(policy_dir):
+    torch.manual_seed(0)  # the head's first Linear is initialised in configure_model
     module = make_module(policy_dir, head="mlp_tanh")
-    torch.manual_seed(0)
-    torch.nn.init.normal_(module.head.net[-1].weight)
+    # small last-layer weights keep the output tanh away from saturation (at +-1 the causal
+    # check below could not see turn 1's action change)
+    torch.nn.init.normal_(module.head.net[-1].weight, std=0.1)
     tok = module.tokenizer
     obs = "Nothing happens."
     obs_ids = tok(obs, add_special_tokens=False)["input_ids"]
@@ -150,7 +156,7 @@ def test_head_reads_the_hidden_state_at_each_turns_last_token(policy_dir):
 def test_reward_adds_grounding_on_valid_turns_only(policy_dir, head):
     module = make_module(policy_dir, head=head)
     set_constant_head(module, 0.25)
-    reward = ProcessRewardModelReward(module, grounding=0.5)
+    reward = ProcessRewardModelReward(module, grounding=0.5, max_steps=3)  # 0.5 * 3 = 1.5 < 10
     assert isinstance(reward, DenseReward)
     episode = traj([turn([5], [7], valid=True), turn([5], [8], valid=False), turn([5], [9], valid=True)])
     assert reward.turn_rewards(episode) == pytest.approx([0.75, 0.25, 0.75])
@@ -158,6 +164,85 @@ def test_reward_adds_grounding_on_valid_turns_only(policy_dir, head):
     assign_dense_rewards(reward, [episode])
     assert [t.dense_reward for t in episode.turns] == pytest.approx([0.75, 0.25, 0.75])
     assert ProcessRewardModelReward(module, grounding=0.0).turn_rewards(episode) == pytest.approx([0.25] * 3)
+
+
+def _head_2x2(kind):
+    """A ProgressHead on H = 2 whose first Linear (mlp_tanh) is the identity with bias 0."""
+    head = ProgressHead(2, kind=kind, head_hidden=2)
+    with torch.no_grad():
+        if kind == "mlp_tanh":
+            head.net[0].weight.copy_(torch.eye(2))
+            head.net[0].bias.zero_()
+    return head
+
+
+def test_mlp_tanh_head_is_bounded_and_linear_is_not():
+    head = _head_2x2("mlp_tanh")
+    last = head.net[-1]
+    with torch.no_grad():
+        # pre-activation 0.5 from the bias alone: output tanh(0.5)
+        last.weight.zero_()
+        last.bias.fill_(0.5)
+        assert head(torch.tensor([[3.0, -7.0]])).item() == pytest.approx(0.46211715726, abs=1e-7)
+        # hidden (1e6, -1e6): first tanh (1, -1); weights (2.5, -2.5) -> pre-activation 5:
+        # tanh(5) = 0.99990920426, strictly below 1
+        last.bias.zero_()
+        last.weight.copy_(torch.tensor([[2.5, -2.5]]))
+        out = head(torch.tensor([[1e6, -1e6]]))
+        assert out.item() == pytest.approx(0.99990920426, abs=1e-7) and out.item() < 1.0
+        # pre-activation +-1000 (weights (1000, 0), bias 0 / weights (0, 1000)): tanh saturates at
+        # +-1 in float32 but never leaves [-1, 1]; huge random inputs stay inside too
+        last.weight.copy_(torch.tensor([[1000.0, 0.0]]))
+        assert head(torch.tensor([[1e30, -1e30]])).item() == 1.0
+        last.weight.copy_(torch.tensor([[0.0, 1000.0]]))
+        assert head(torch.tensor([[1e30, -1e30]])).item() == -1.0
+        torch.manual_seed(0)
+        last.weight.normal_(std=100.0)
+        last.bias.normal_(std=100.0)
+        assert head(torch.randn(64, 2) * 1e20).abs().max().item() <= 1.0
+        # an untrained head (last Linear zero) gives exactly tanh(0) = 0
+        fresh = ProgressHead(2, kind="mlp_tanh")
+        assert torch.equal(fresh(torch.randn(5, 2) * 1e6), torch.zeros(5))
+
+    linear = _head_2x2("linear")
+    with torch.no_grad():
+        linear.net[-1].weight.copy_(torch.tensor([[1.0, 0.0]]))
+        linear.net[-1].bias.fill_(0.5)
+    # unbounded: 1000 * 1 + 0 * 5 + 0.5
+    assert linear(torch.tensor([[1000.0, 5.0]])).item() == pytest.approx(1000.5)
+
+
+def test_grounding_default_and_bound_by_hand():
+    assert grounding_bonus(None, 10.0, 50) == pytest.approx(10.0 / (2 * 50))  # 0.1
+    assert grounding_bonus(None, 2.0, 4) == pytest.approx(0.25)
+    assert grounding_bonus(0.19, 10.0, 50) == 0.19  # 0.19 * 50 = 9.5 < 10
+    assert grounding_bonus(0.0, 10.0, 50) == 0.0
+    # SPA-RL's 0.5 on a 50-turn, success-10 env: 0.5 * 50 = 25 >= 10
+    with pytest.raises(ValueError, match=r"grounding=0.5 .*max_steps=50 .*earns 25, not less than success_reward=10.0"):
+        grounding_bonus(0.5, 10.0, 50)
+    with pytest.raises(ValueError, match=r"grounding < 0.2 \(None = success_reward / \(2 \* max_steps\) = 0.1\)"):
+        grounding_bonus(0.2, 10.0, 50)  # 0.2 * 50 = 10 is not < 10
+    with pytest.raises(ValueError, match="max_steps must be an integer >= 1.*got 0"):
+        grounding_bonus(None, 10.0, 0)
+    with pytest.raises(ValueError, match="success_reward must be a finite number > 0.*got -1.0"):
+        grounding_bonus(None, -1.0, 50)
+    with pytest.raises(ValueError, match="grounding must be a finite number or None, got inf"):
+        grounding_bonus(float("inf"), 10.0, 50)
+
+
+def test_reward_default_grounding_is_bounded(policy_dir):
+    module = make_module(policy_dir, head="mlp_tanh")
+    set_constant_head(module, 0.25)
+    episode = traj([turn([5], [7], valid=True), turn([5], [8], valid=False)])
+    # defaults success_reward 10, max_steps 50 -> grounding 10 / 100 = 0.1
+    reward = ProcessRewardModelReward(module)
+    assert reward.grounding == pytest.approx(0.1)
+    assert reward.turn_rewards(episode) == pytest.approx([0.35, 0.25])
+    # success 2 over 4 steps -> 2 / 8 = 0.25
+    assert ProcessRewardModelReward(module, success_reward=2.0, max_steps=4).turn_rewards(episode) == pytest.approx(
+        [0.5, 0.25])
+    with pytest.raises(ValueError, match="grounding=0.5 per valid turn over max_steps=50"):
+        ProcessRewardModelReward(module, grounding=0.5)
 
 
 def test_freeze_backbone_trains_the_head_only(policy_dir):

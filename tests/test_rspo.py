@@ -7,7 +7,8 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from rspo_lightning.callbacks.rspo import RSPOLoop, repeat_visit_rate, replay_group_count
+from rspo_lightning.callbacks.rspo import RSPOLoop, repeat_visit_rate, replay_groups_per_rank
+from rspo_lightning.batching import flatten, make_train_batch
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.datamodules import AgentDataModule
 from rspo_lightning.module import AgentRLModule
@@ -33,6 +34,17 @@ def _trainer(callbacks, max_epochs, **kw):
     return pl.Trainer(max_epochs=max_epochs, logger=False, num_sanity_val_steps=0, limit_val_batches=0,
                       enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
                       enable_checkpointing=kw.pop("enable_checkpointing", False), **kw)
+
+
+def _loop(**kw):
+    """An RSPOLoop for the tests of its mechanics (schedule, mixing counts, restore, resume):
+    whole groups, and zero-advantage groups allowed into replay slots, because the untrained tiny
+    model wins no episode here, so every group would otherwise be skipped (the skipping itself is
+    tested on hand-built buffers)."""
+    kw.setdefault("replay_unit", "group")
+    loop = RSPOLoop(**kw)
+    loop.buffer.skip_zero_advantage = False
+    return loop
 
 
 def _dm(groups=4, ipe=5):
@@ -74,7 +86,7 @@ def _opt_state(module):
 def test_phase_schedule_and_bitwise_restore_of_agent_a():
     torch.manual_seed(0)
     m = _module()
-    loop = RSPOLoop(k=2, offline_ratio=0.25)
+    loop = _loop(k=2, offline_ratio=0.25)
     rec = Recorder()
 
     class OptProbe(pl.Callback):
@@ -110,7 +122,7 @@ def test_phase_schedule_and_bitwise_restore_of_agent_a():
 def test_reward_swap_keeps_outcome_rewards_and_b_behaviour_logprobs():
     torch.manual_seed(0)
     m = _module()
-    loop = RSPOLoop(k=1, offline_ratio=0.25)
+    loop = _loop(k=1, offline_ratio=0.25)
     collected = []
     original = m.collect
 
@@ -135,24 +147,40 @@ def test_reward_swap_keeps_outcome_rewards_and_b_behaviour_logprobs():
     assert any(turn.dense_reward != 0 for t in collected for turn in t.turns)
 
 
-def test_mixing_rounding_rule():
-    assert replay_group_count(16, 1 / 8) == 2
-    assert replay_group_count(16, 1 / 16) == 1
-    assert replay_group_count(4, 1 / 8) == 1  # 0.5 rounds up
-    assert replay_group_count(3, 1 / 8) == 0  # 0.375 rounds down
-    assert replay_group_count(16, 0.0) == 0
+def test_replay_groups_per_rank_is_global_alpha_split_over_ranks():
+    # 16 groups over all ranks (the paper's setting); expected counts worked out by hand:
+    # alpha * 16 = 1, 2, 4, 8 replay groups in total, split evenly, the first ranks one more.
+    expected = {
+        (1, 1 / 16): [1], (1, 1 / 8): [2], (1, 1 / 4): [4], (1, 1 / 2): [8],
+        (2, 1 / 16): [1, 0], (2, 1 / 8): [1, 1], (2, 1 / 4): [2, 2], (2, 1 / 2): [4, 4],
+        (4, 1 / 16): [1, 0, 0, 0], (4, 1 / 8): [1, 1, 0, 0], (4, 1 / 4): [1, 1, 1, 1], (4, 1 / 2): [2, 2, 2, 2],
+        (8, 1 / 16): [1] + [0] * 7, (8, 1 / 8): [1, 1] + [0] * 6, (8, 1 / 4): [1] * 4 + [0] * 4, (8, 1 / 2): [1] * 8,
+        (16, 1 / 16): [1] + [0] * 15, (16, 1 / 8): [1, 1] + [0] * 14, (16, 1 / 4): [1] * 4 + [0] * 12,
+        (16, 1 / 2): [1] * 8 + [0] * 8,
+    }
+    for (world, alpha), counts in expected.items():
+        assert replay_groups_per_rank(16, world, alpha) == counts, (world, alpha)
+    # the per-rank rounding this replaces: 2 groups per rank on 8 ranks, round(0.25) = 0 -> none at all
+    assert sum(replay_groups_per_rank(16, 8, 1 / 8)) == 2
+    # round half up on the total: 4 groups x 1/8 = 0.5 -> 1; 3 x 1/8 = 0.375 -> 0; 24 x 1/16 = 1.5 -> 2
+    assert replay_groups_per_rank(4, 1, 1 / 8) == [1]
+    assert replay_groups_per_rank(3, 1, 1 / 8) == [0]
+    assert replay_groups_per_rank(24, 2, 1 / 16) == [1, 1]
+    assert replay_groups_per_rank(16, 4, 0.0) == [0, 0, 0, 0]
+    with pytest.raises(ValueError, match="offline_ratio"):
+        replay_groups_per_rank(16, 2, 1.0)
 
 
 def test_generalised_clip_centre_on_replay_and_on_policy_rows():
     torch.manual_seed(0)
     m = _module()
-    loop = RSPOLoop(k=1, offline_ratio=0.25)
+    loop = _loop(k=1, offline_ratio=0.25)
     seen = []
     original = m._update
 
-    def spy(batch):
+    def spy(batch, *args):
         seen.append(batch)
-        return original(batch)
+        return original(batch, *args)
 
     m._update = spy
     _trainer([loop], max_epochs=1).fit(m, _dm(ipe=3))  # explore, collect, exploit
@@ -170,7 +198,7 @@ def test_resume_in_the_middle_of_b_phase_reproduces_the_run(tmp_path):
         torch.manual_seed(123)
         m = _module()
         rec = Recorder()
-        cbs = [RSPOLoop(k=2, offline_ratio=0.25), rec]
+        cbs = [_loop(k=2, offline_ratio=0.25), rec]
         kw = {}
         if root is not None:
             cbs.append(pl.callbacks.ModelCheckpoint(dirpath=root, save_last=True, every_n_epochs=1, save_top_k=-1))
@@ -197,7 +225,7 @@ def test_resume_in_the_middle_of_b_phase_reproduces_the_run(tmp_path):
 def test_rspo_runs_with_ppo_and_gigpo(estimator):
     torch.manual_seed(0)
     m = _module(estimator)
-    loop = RSPOLoop(k=1, offline_ratio=0.25)
+    loop = _loop(k=1, offline_ratio=0.25)
     rec = Recorder()
     _trainer([loop, rec], max_epochs=1).fit(m, _dm(ipe=3))
     assert rec.rows[2]["replay"] == 1 and math.isfinite(rec.rows[2]["metrics"]["train/policy_loss"])
@@ -285,7 +313,7 @@ def _identity(x):
 
 def test_rspo_loop_drives_a_module_that_is_not_ours():
     m = MinimalAgent()
-    loop = RSPOLoop(k=2, offline_ratio=1 / 8)
+    loop = _loop(k=2, offline_ratio=1 / 8)
     pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False, callbacks=[loop]).fit(m)
     # (tag, mode, on-policy groups, replay groups, w at the step); in the collect iteration B
@@ -311,7 +339,7 @@ def test_rspo_loop_names_what_a_module_lacks():
 def test_validation_during_b_phase_measures_agent_a():
     torch.manual_seed(0)
     m = _module()
-    loop = RSPOLoop(k=2, offline_ratio=0.25)
+    loop = _loop(k=2, offline_ratio=0.25)
     seen = {}
 
     class Probe(pl.Callback):
@@ -332,3 +360,71 @@ def test_validation_during_b_phase_measures_agent_a():
     trainer.fit(m, dm)  # one epoch of 2 iterations: validation runs after B's 2 explore iterations
     assert _equal(seen["val"], seen["a"])
     assert not _equal(seen["after_val"], seen["a"]) and _equal(seen["after_val"], _params(m))
+
+
+# -- the replay carries gradient, alpha is a weight ----------------------------------------------
+
+def _hand_traj(group_id, won, n_turns=1):
+    turns = [Turn(prompt_ids=torch.tensor([1, 2]), response_ids=torch.tensor([3]), behaviour_logprobs=torch.tensor([-0.5]),
+                  action="go", valid=True, observation="o", anchor=f"s{t}", outcome_reward=10.0 if won and t == n_turns - 1 else 0.0)
+             for t in range(n_turns)]
+    return Trajectory(task=TaskSpec("rspo/Household-v0", "train", group_id, group_id), turns=turns, success=won)
+
+
+def test_default_replay_draws_only_trajectories_that_carry_advantage():
+    torch.manual_seed(0)
+    m = _module()  # GRPO
+    loop = RSPOLoop()  # the defaults: single trajectories, reward sampling, zero-advantage items skipped
+    loop._advantages = m.outcome_advantages
+    all_won = [_hand_traj(0, True), _hand_traj(0, True)]
+    mixed = [_hand_traj(1, True), _hand_traj(1, False)]
+    all_failed = [_hand_traj(2, False), _hand_traj(2, False)]
+    loop._store(all_won + mixed + all_failed, count=True)
+    # GRPO over each full group, by hand: returns [10, 0] -> mean 5, unbiased std sqrt(50) = 7.0711,
+    # so +-5 / 7.0711 = +-0.70711; all-equal groups give exactly 0
+    stored = [[t.turns[0].replay_advantage for t in g] for g in loop.buffer.groups]
+    assert stored[0] == [0.0, 0.0] and stored[2] == [0.0, 0.0]
+    assert stored[1] == pytest.approx([0.70711, -0.70711], abs=1e-4)
+    assert loop.buffer.num_candidates() == 2  # the two trajectories of the mixed group
+    for _ in range(20):
+        drawn = [t for g in loop.buffer.sample(4) for t in g]
+        assert sorted(t.success for t in drawn) == [False, True] and all(t.task.group_id == 1 for t in drawn)
+    # and they train with that advantage: the module's estimator rows for replay take the stored value
+    replay = loop.buffer.sample(1)  # reward sampling prefers the win
+    flat = flatten([t for g in replay for t in g])
+    advantages, _, _ = m.compute_advantages(flat)
+    assert advantages.tolist() == pytest.approx([0.70711], abs=1e-4)
+    # whole groups: only the mixed group is ever drawn
+    loop.buffer.unit = "group"
+    assert [[t.success for t in g] for g in loop.buffer.sample(3)] == [[True, False]]
+
+
+def test_term_weights_by_hand():
+    from rspo_lightning.module import term_weights
+
+    assert term_weights(30.0, 2.0, 0.125) == (0.875, 0.125)  # alpha whatever the token counts
+    assert term_weights(30.0, 2.0, None) == (30 / 32, 2 / 32)  # one pooled token-mean
+    assert term_weights(30.0, 0.0, 0.125) == (1.0, 0.0)  # a minibatch without replay rows
+    assert term_weights(0.0, 2.0, 0.125) == (0.0, 1.0)
+
+
+def test_alpha_weighting_of_the_policy_loss_by_hand():
+    torch.manual_seed(0)
+    m = _module()
+    m.configure_model()
+    trajs = m.engine.collect([TaskSpec("rspo/Household-v0", "train", i, i) for i in range(2)], 2)
+    turns = [t for tr in trajs for t in tr.turns][:3]
+    flat = flatten([Trajectory(task=TaskSpec("x", "train", 0, 0), turns=turns[:2]),
+                    Trajectory(task=TaskSpec("x", "train", 1, 1), turns=turns[2:], source="replay")])
+    adv = torch.tensor([1.0, -2.0, 4.0])
+    batch = make_train_batch(flat, m.engine.pad_id, adv)
+    m._score(batch)  # old := current log-probs, and on-policy behaviour := old
+    batch.behaviour_logprobs[batch.is_replay] = batch.old_logprobs[batch.is_replay]  # ratio 1 on every token
+    n = batch.response_mask.sum(-1).tolist()  # response tokens per row
+    # with ratio 1 every token's loss is -A: L_on = -(n0*1 + n1*(-2)) / (n0 + n1), L_off = -4
+    l_on, l_off = -(n[0] * 1.0 + n[1] * -2.0) / (n[0] + n[1]), -4.0
+    total, _ = m._loss(batch, {"pg_on": 0.75, "pg_off": 0.25, "pooled": 1.0, "on": 1.0})
+    assert float(total) == pytest.approx(0.75 * l_on + 0.25 * l_off, abs=1e-5)
+    # the pooled token-mean (offline_weighting: tokens) weighs each part by its tokens
+    pooled, _ = m._loss(batch)
+    assert float(pooled) == pytest.approx(-(n[0] * 1.0 + n[1] * -2.0 + n[2] * 4.0) / sum(n), abs=1e-5)

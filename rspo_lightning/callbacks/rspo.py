@@ -6,16 +6,24 @@ One loop is ``2k + 1`` training batches (iterations); with ``k = 2`` the phases 
 
 - **explore** (k iterations): at the loop's first iteration agent A's trainable state is
   snapshotted (parameters, optimizer and scheduler states); the module's weights are now agent
-  B := A, trained on ``explorer_reward`` (``"dense"``: outcome + dense reward).
+  B := A, trained on ``explorer_reward`` (``"dense"``: ``dense_scale`` x the dense reward alone,
+  the paper's RSPO; ``"outcome+dense"``; ``"outcome"``: the RSPO_O ablation).
 - **collect** (1 iteration, no update): B plays ``collect_groups`` task groups; every group
   enters the replay buffer D with its reward **swapped back to the outcome reward** (the dense
-  reward of each stored turn is zeroed) and B's behaviour log-probs; then A is restored bitwise.
+  reward of each stored turn is zeroed), B's behaviour log-probs, and each turn's advantage
+  under A's estimator over the full collected group (``Turn.replay_advantage``, when the module
+  offers ``outcome_advantages``); then A is restored bitwise.
 - **exploit** (k iterations): A trains on the outcome reward; each batch is (1 − α) fresh groups
-  plus α groups sampled from D. Replay rows keep B's behaviour log-probs, so the module's
-  generalised clip centres their ratio at c = π_old / π_B.
+  plus α groups' worth of items sampled from D (``replay_unit``: whole groups, or single
+  trajectories that keep their collection-time advantage). Items whose advantage is 0 on every
+  turn are never drawn. Replay rows keep B's behaviour log-probs, so the module's generalised
+  clip centres their ratio at c = π_old / π_B; with ``offline_weighting="alpha"`` the loss is
+  (1 − α) L_on + α L_off, each part normalised on its own.
 
-Mixing rule: of a batch's ``G`` groups (this rank's), ``round_half_up(α·G)`` are replaced by
-replay groups (fewer when D holds fewer); e.g. G = 16, α = 1/8 gives exactly 2.
+Mixing rule (``replay_groups_per_rank``): of the iteration's ``G`` groups over all ranks,
+``round_half_up(α·G)`` are replay groups, split over the ranks deterministically; e.g. G = 16,
+α = 1/8 gives exactly 2 on 1, 2 or 8 ranks. A replay-aware data module (``AgentDataModule``)
+composes the mix when the iteration starts; with any other data source the callback does it.
 
 Ablations: ``explorer_reward="outcome"`` is RSPO_O (B trained on the outcome reward);
 ``replay_from="history"`` is RSPO_H (no B: every iteration is an exploit iteration and D holds
@@ -38,7 +46,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import lightning.pytorch as pl
 
-from rspo_lightning.replay import ReplayBuffer
+from rspo_lightning.replay import ReplayBuffer, mix_replay
 from rspo_lightning.types import Trajectory
 
 PHASE_CODE = {"explore": 0.0, "collect": 1.0, "exploit": 2.0}
@@ -62,6 +70,10 @@ class RSPOAgent(Protocol):
     def collect(self, tasks: list, group_size: int, policy_tag: str = "A", purpose: str = "train") -> list[Trajectory]:
         """Play ``group_size`` episodes per task with the current weights; no update."""
         ...
+
+    # Optional: ``outcome_advantages(trajectories) -> list[float] | None``, one advantage per turn
+    # (in trajectory/turn order) under the module's estimator with the outcome reward, or None when
+    # the estimator is not group-relative. Stored in D; needed by ``replay_unit="trajectory"``.
 
     def snapshot_trainable(self) -> dict:
         """Copies of the trainable parameters and optimizer/scheduler states."""
@@ -95,9 +107,21 @@ def repeat_visit_rate(trajectories: Sequence[Trajectory], window: int) -> float:
     return repeats / turns if turns else 0.0
 
 
-def replay_group_count(num_groups: int, offline_ratio: float) -> int:
-    """Replay groups in a batch of ``num_groups``: α·G rounded half up."""
-    return int(math.floor(offline_ratio * num_groups + 0.5))
+def round_half_up(x: float) -> int:
+    return int(math.floor(x + 0.5))
+
+
+def replay_groups_per_rank(total_groups: int, world_size: int, offline_ratio: float) -> list[int]:
+    """Each rank's replay-group count: ``round_half_up(α · total_groups)`` over all ranks, split
+    as evenly as possible, the first ranks taking one more (deterministic: every rank computes
+    the same list). Never more on a rank than its own ``total_groups / world_size`` groups."""
+    if total_groups < 0 or world_size < 1:
+        raise ValueError(f"need total_groups >= 0 and world_size >= 1, got {total_groups}, {world_size}")
+    if not 0 <= offline_ratio < 1:
+        raise ValueError(f"offline_ratio must be in [0, 1), got {offline_ratio}")
+    total = round_half_up(offline_ratio * total_groups)
+    base, extra = divmod(total, world_size)
+    return [base + (r < extra) for r in range(world_size)]
 
 
 def group_by_task(trajectories: Sequence[Trajectory]) -> list[list[Trajectory]]:
@@ -112,18 +136,30 @@ def swap_to_outcome(group: Sequence[Trajectory]) -> list[Trajectory]:
     return [dataclasses.replace(t, turns=[dataclasses.replace(turn, dense_reward=0.0) for turn in t.turns]) for t in group]
 
 
+EXPLORER_REWARDS = ("dense", "outcome+dense", "outcome")
+
+
 class RSPOLoop(pl.Callback):
     """The explore → collect → exploit loop of RSPO (arXiv 2607.04713).
 
     Args:
         k: iterations of B's exploration and of A's exploitation per loop (paper: 3).
-        offline_ratio: α, the fraction of A's groups taken from the replay buffer (paper: 1/8).
+        offline_ratio: α, the share of A's groups taken from the replay buffer and the weight of
+            the replay part of the loss (paper: 1/8).
         collect_groups: task groups B plays in the collect phase (None = all of the batch's).
         sampling: how D is sampled: ``reward`` (paper default), ``variance`` or ``random``.
         capacity: most groups D holds.
         dense_reward: dense reward source for B (None = the module's ``dense_reward``).
-        explorer_reward: reward B trains on: ``dense`` (RSPO) or ``outcome`` (ablation RSPO_O).
+        explorer_reward: reward B trains on: ``dense`` (the dense reward alone: the paper's RSPO,
+            and the one that makes B measurably differ from A, docs/algorithms.md),
+            ``outcome+dense`` (reward shaping) or ``outcome`` (the RSPO_O ablation).
+        dense_scale: multiplier of the dense reward in B's reward.
         replay_from: ``explorer`` (RSPO) or ``history`` (ablation RSPO_H: A's own past groups).
+        replay_unit: what one replay draw takes: ``group`` (a whole stored group; its advantage is
+            the group's own) or ``trajectory`` (one trajectory with the advantage it had over its
+            full collected group); α·G groups' worth of trajectories fill the replay slots.
+        offline_weighting: ``alpha``: loss = (1 − α) L_on + α L_off, each part normalised on its
+            own (the paper's J); ``tokens``: one pooled token-mean (each part weighs its share).
         exploration_window: window of the repeated-anchor-visit metric.
         seed: seed of replay sampling.
     """
@@ -137,7 +173,10 @@ class RSPOLoop(pl.Callback):
         capacity: int = 256,
         dense_reward: Any = None,
         explorer_reward: str = "dense",
+        dense_scale: float = 1.0,
         replay_from: str = "explorer",
+        replay_unit: str = "trajectory",
+        offline_weighting: str = "alpha",
         exploration_window: int = 4,
         seed: int = 0,
     ):
@@ -147,20 +186,27 @@ class RSPOLoop(pl.Callback):
             raise ValueError(f"RSPOLoop offline_ratio must be in [0, 1), got {offline_ratio}; the paper uses 0.125")
         if collect_groups is not None and collect_groups < 1:
             raise ValueError(f"RSPOLoop collect_groups must be >= 1 or None (all groups of the batch), got {collect_groups}")
-        if explorer_reward not in ("dense", "outcome"):
-            raise ValueError(f"RSPOLoop explorer_reward must be 'dense' or 'outcome' (RSPO_O), got {explorer_reward!r}")
+        if explorer_reward not in EXPLORER_REWARDS:
+            raise ValueError(f"RSPOLoop explorer_reward must be one of {EXPLORER_REWARDS} ('outcome' = RSPO_O), got {explorer_reward!r}")
+        if not (math.isfinite(dense_scale) and dense_scale > 0):
+            raise ValueError(f"RSPOLoop dense_scale must be a finite number > 0, got {dense_scale!r}")
         if replay_from not in ("explorer", "history"):
             raise ValueError(f"RSPOLoop replay_from must be 'explorer' or 'history' (RSPO_H), got {replay_from!r}")
+        if offline_weighting not in ("alpha", "tokens"):
+            raise ValueError(f"RSPOLoop offline_weighting must be 'alpha' or 'tokens', got {offline_weighting!r}")
         if exploration_window < 1:
             raise ValueError(f"RSPOLoop exploration_window must be >= 1, got {exploration_window}")
         self.k, self.offline_ratio, self.collect_groups = k, offline_ratio, collect_groups
         self.dense_reward, self.explorer_reward, self.replay_from = dense_reward, explorer_reward, replay_from
+        self.dense_scale, self.offline_weighting = dense_scale, offline_weighting
         self.exploration_window = exploration_window
-        self.buffer = ReplayBuffer(capacity=capacity, sampling=sampling, seed=seed)
+        self.buffer = ReplayBuffer(capacity=capacity, sampling=sampling, seed=seed, unit=replay_unit, skip_zero_advantage=True)
         self.snapshot: dict | None = None  # agent A's trainable state while B trains
         self.counts = {"a_iterations": 0, "b_iterations": 0, "collected_groups": 0, "loops": 0}
         self._phase = "exploit"
         self._replay_frac = 0.0
+        self._mixed_by_data = False  # a replay-aware data module composes the mix
+        self._advantages = None  # the module's outcome_advantages, if it offers one
         self.explored: list[Trajectory] = []
 
     # -- schedule -------------------------------------------------------------------------
@@ -170,45 +216,90 @@ class RSPOLoop(pl.Callback):
         pos = iteration % (2 * self.k + 1)
         return "explore" if pos < self.k else "collect" if pos == self.k else "exploit"
 
+    @property
+    def replay_weight(self) -> float | None:
+        """α for the module's two-part loss, or None (pooled token-mean)."""
+        return self.offline_ratio if self.offline_weighting == "alpha" else None
+
+    def replay_for(self, iteration: int, total_groups: int, group_size: int, rank: int = 0,
+                   world_size: int = 1) -> list[list[Trajectory]]:
+        """This rank's replay items for ``iteration``, drawn from D now: none outside exploit;
+        else ``replay_groups_per_rank(total_groups, world_size, α)[rank]`` groups, or that many
+        times ``group_size`` trajectories with ``replay_unit="trajectory"``. A replay-aware data
+        module calls it when the iteration starts."""
+        if self.phase_of(iteration) != "exploit" or not len(self.buffer):
+            return []
+        n = replay_groups_per_rank(total_groups, world_size, self.offline_ratio)[rank]
+        return self.buffer.sample(n * group_size if self.buffer.unit == "trajectory" else n)
+
     # -- Lightning hooks ----------------------------------------------------------------------
     def setup(self, trainer, pl_module, stage: str) -> None:
         check_rspo_agent(pl_module)
         if self.dense_reward is not None:
             pl_module.dense_reward = self.dense_reward
-        if self.replay_from == "explorer" and self.explorer_reward == "dense" and pl_module.dense_reward is None:
+        if self.replay_from == "explorer" and self.explorer_reward != "outcome" and pl_module.dense_reward is None:
             raise ValueError(
-                "RSPOLoop explorer_reward='dense' needs a dense reward source: pass "
+                f"RSPOLoop explorer_reward={self.explorer_reward!r} needs a dense reward source: pass "
                 "dense_reward={class_path: rspo_lightning.rewards.EnvProgressReward} to the callback or set model.dense_reward "
                 "(or use explorer_reward='outcome' for the RSPO_O ablation)"
             )
+        self._advantages = getattr(pl_module, "outcome_advantages", None)
+        if self.buffer.unit == "trajectory" and self._advantages is None:
+            raise TypeError(f"RSPOLoop replay_unit='trajectory' needs the module's outcome_advantages(trajectories) "
+                            f"(the advantage of each stored turn over its full group); {type(pl_module).__name__} lacks it: "
+                            "add it or use replay_unit='group'")
+        dm = getattr(trainer, "datamodule", None) if trainer is not None else None
+        self._mixed_by_data = dm is not None and hasattr(dm, "replay_source")
+        if self._mixed_by_data:
+            dm.replay_source = self
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         n = pl_module.iteration
         self._phase = phase = self.phase_of(n)
-        batch.replay = []
+        if phase != "exploit":
+            batch.replay = []
+        batch.dense_scale, batch.replay_weight = 1.0, self.replay_weight
         if phase == "explore":
             if n % (2 * self.k + 1) == 0:  # a new loop: clear D, B := A
                 self.buffer.clear()
                 self.snapshot = pl_module.snapshot_trainable()
                 self.counts["loops"] += 1
-            batch.reward_mode, batch.policy_tag = self.explorer_reward, "B"
+            batch.reward_mode, batch.policy_tag, batch.dense_scale = self.explorer_reward, "B", self.dense_scale
         elif phase == "collect":
             tasks = batch.tasks if self.collect_groups is None else batch.tasks[:self.collect_groups]
             played = pl_module.collect(tasks, batch.group_size, policy_tag="B", purpose="rspo_collect")
-            for group in group_by_task(played):
-                self.buffer.add_group(swap_to_outcome(group))
-                self.counts["collected_groups"] += 1
+            self._store(played, count=True)
             self.explored = played
             if self.snapshot is not None:
                 pl_module.restore_trainable(self.snapshot)
             self.snapshot = None
             batch.tasks, batch.reward_mode, batch.policy_tag = [], "outcome", "B"  # no update in this iteration
         else:
-            g = len(batch.tasks)
-            replay = self.buffer.sample(min(replay_group_count(g, self.offline_ratio), len(self.buffer)))
-            batch.tasks = batch.tasks[:g - len(replay)]
-            batch.replay, batch.reward_mode, batch.policy_tag = replay, "outcome", "A"
-        self._replay_frac = len(batch.replay) / max(len(batch.replay) + len(batch.tasks), 1)
+            if not self._mixed_by_data:  # no replay-aware data module: mix here
+                world = getattr(trainer, "world_size", 1) or 1
+                rank = getattr(trainer, "global_rank", 0) or 0
+                total = len(batch.tasks) * world
+                mix_replay(batch, self.replay_for(n, total, batch.group_size, rank, world), batch.group_size)
+            batch.reward_mode, batch.policy_tag = "outcome", "A"
+        replayed = sum(len(g) for g in batch.replay)
+        played_n = len(batch.tasks) * batch.group_size
+        self._replay_frac = replayed / max(replayed + played_n, 1)
+
+    def _store(self, trajectories: Sequence[Trajectory], count: bool) -> None:
+        """Swap to the outcome reward, attach the collection-time advantages, add to D."""
+        groups = [swap_to_outcome(g) for g in group_by_task(trajectories)]
+        if self._advantages is not None and groups:
+            flat = [t for g in groups for t in g]
+            values = self._advantages(flat)
+            if values is not None:
+                turns = [turn for t in flat for turn in t.turns]
+                if len(values) != len(turns):
+                    raise ValueError(f"outcome_advantages returned {len(values)} values for {len(turns)} turns")
+                for turn, a in zip(turns, values):
+                    turn.replay_advantage = float(a)
+        for g in groups:
+            self.buffer.add_group(g)
+            self.counts["collected_groups"] += count
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         phase = self._phase
@@ -217,12 +308,12 @@ class RSPOLoop(pl.Callback):
         elif phase == "exploit":
             self.counts["a_iterations"] += 1
             if self.replay_from == "history":
-                for group in group_by_task(pl_module.last_trajectories):
-                    self.buffer.add_group(swap_to_outcome(group))
+                self._store(pl_module.last_trajectories, count=False)
         played = self.explored if phase == "collect" else pl_module.last_trajectories
         pl_module.log_dict({
             "rspo/phase": PHASE_CODE[phase],
             "rspo/buffer_size": float(len(self.buffer)),
+            "rspo/buffer_signal_items": float(self.buffer.num_candidates()),
             "rspo/replay_frac": self._replay_frac,
             "rspo/buffer_success_rate": self.buffer.success_rate(),
             "rspo/a_iterations": float(self.counts["a_iterations"]),

@@ -1,10 +1,13 @@
 """AgentDataModule: streams *what to play* (task specs, sharded by rank) and *what to replay*.
 
 Rollouts are generated in the module's ``training_step`` (never in a DataLoader): this module
-only says which tasks to play each iteration. Each ``IterationBatch`` is mutable: RSPOLoop
-replaces a fraction of its groups with replay groups and sets the phase's reward mode when the
-iteration starts (not when the batch is prefetched, so the buffer is always current). Task ids of iteration ``n`` are a pure function of
-``(seed, n)``, so a resumed run plays the same tasks as an uninterrupted one.
+only says which tasks to play each iteration, and which replayed trajectories to train on.
+Lightning prefetches a batch one iteration ahead, so the loader yields the task groups only; the
+mix with replay is composed when the iteration starts (``on_after_batch_transfer``, which
+Lightning calls right before ``on_train_batch_start``), from the ``replay_source`` (RSPOLoop sets
+itself there), so the buffer is always current. The callback then sets the phase's reward mode.
+Task ids of iteration ``n`` are a pure function of ``(seed, n)``, so a resumed run plays the same
+tasks as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from typing import Iterator
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader, IterableDataset
 
+from rspo_lightning.batching import REWARD_MODES
 from rspo_lightning.config import EnvConfig
 from rspo_lightning.envs import make_env
+from rspo_lightning.replay import mix_replay
 from rspo_lightning.types import IterationBatch, TaskSpec
 
 
@@ -76,9 +81,10 @@ class AgentDataModule(pl.LightningDataModule):
         num_val_tasks: tasks per validation split (capped by the split size; None = all).
         val_groups_per_batch: validation tasks per ``validation_step`` (one batched rollout).
         seed: seed of task sampling.
-        reward_mode: reward of the advantage: ``outcome`` (default) or ``dense`` (outcome + the
-            module's dense reward; with ``success_reward: 0`` in the env this trains on the dense
-            reward alone — the reward-hacking check). RSPOLoop overrides it per phase.
+        reward_mode: reward of the advantage: ``outcome`` (default), ``outcome+dense`` (reward
+            shaping with the module's dense reward) or ``dense`` (the dense reward alone — the
+            reward-hacking check). RSPOLoop overrides it per phase.
+        dense_scale: multiplier of the dense reward in ``dense`` / ``outcome+dense``.
     """
 
     def __init__(
@@ -93,11 +99,18 @@ class AgentDataModule(pl.LightningDataModule):
         val_groups_per_batch: int = 64,
         seed: int = 0,
         reward_mode: str = "outcome",
+        dense_scale: float = 1.0,
     ):
         super().__init__()
-        if reward_mode not in ("outcome", "dense"):
-            raise ValueError(f"data.reward_mode must be 'outcome' or 'dense', got {reward_mode!r}")
+        if reward_mode not in REWARD_MODES:
+            raise ValueError(f"data.reward_mode must be one of {list(REWARD_MODES)}, got {reward_mode!r}")
+        if not dense_scale > 0:
+            raise ValueError(f"data.dense_scale must be > 0, got {dense_scale}")
         self.reward_mode = reward_mode
+        self.dense_scale = dense_scale
+        # Where replay comes from (RSPOLoop registers itself): an object with
+        # ``replay_for(iteration, total_groups, group_size, rank, world_size) -> list[list[Trajectory]]``.
+        self.replay_source = None
         if groups_per_iteration < 1:
             raise ValueError(f"data.groups_per_iteration must be >= 1, got {groups_per_iteration}")
         if group_size < 1:
@@ -154,7 +167,20 @@ class AgentDataModule(pl.LightningDataModule):
         rank, world = self._rank_world()
         tasks = self.iteration_tasks(n)[rank::world]
         # RSPOLoop turns some groups into replay groups and sets the reward mode per phase.
-        return IterationBatch(tasks=tasks, group_size=self.group_size, reward_mode=self.reward_mode)
+        return IterationBatch(tasks=tasks, group_size=self.group_size, reward_mode=self.reward_mode, dense_scale=self.dense_scale)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        """Compose the iteration's mix of on-policy groups and replay (training batches only):
+        called when the iteration starts, after the prefetch."""
+        trainer = self.trainer
+        if (self.replay_source is None or trainer is None or not trainer.training
+                or not isinstance(batch, IterationBatch)):
+            return batch
+        rank, world = self._rank_world()
+        iteration = trainer.lightning_module.iteration
+        replay = self.replay_source.replay_for(iteration, self.groups_per_iteration, batch.group_size, rank, world)
+        mix_replay(batch, replay, batch.group_size)
+        return batch
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_TaskStream(self), batch_size=None, collate_fn=_identity)

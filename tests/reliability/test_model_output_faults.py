@@ -53,6 +53,7 @@ def test_invalid_turns_get_the_penalty_in_the_advantage():
 
     class Stub:
         algo = AlgorithmConfig(estimator="grpo", invalid_action_penalty=0.25)
+        _estimate = AgentRLModule._estimate
 
     adv, _, _ = AgentRLModule.compute_advantages(Stub(), flat)
     # equal returns -> GRPO gives 0; the invalid turn alone carries -0.25

@@ -1,5 +1,6 @@
-"""A run killed at any iteration (here mid-epoch and mid-B-phase of RSPO) and resumed with
-``ckpt_path`` (loaded with weights_only=True) reproduces the uninterrupted run exactly."""
+"""A run killed at any iteration (here mid-epoch and mid-B-phase, or mid-exploit with replay
+rows in the batch, of RSPO) and resumed with ``ckpt_path`` (loaded with weights_only=True)
+reproduces the uninterrupted run exactly."""
 
 import lightning.pytorch as pl
 import pytest
@@ -45,7 +46,9 @@ def _run(tmp_path, crash_at=None, resume=False):
                            rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt=""),
                            dense_reward=EnvProgressReward())
     record = Record()
-    callbacks = [RSPOLoop(k=2, offline_ratio=0.25), record,
+    loop = RSPOLoop(k=2, offline_ratio=0.25)  # the default: single trajectories with their collection-time advantage
+    loop.buffer.skip_zero_advantage = False  # the untrained tiny model wins nothing here: replay every stored trajectory
+    callbacks = [loop, record,
                  pl.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=1, save_top_k=0)]
     if crash_at is not None:
         callbacks.append(Crash(crash_at))
@@ -56,15 +59,18 @@ def _run(tmp_path, crash_at=None, resume=False):
     return record.rows
 
 
-def test_crash_mid_epoch_and_mid_b_phase_resumes_to_the_same_run(tmp_path):
+@pytest.mark.parametrize("crash_at, phase", [(6, "explore"), (4, "exploit")])
+def test_crash_mid_b_phase_or_mid_exploit_resumes_to_the_same_run(tmp_path, crash_at, phase):
     full = _run(tmp_path / "full")
-    # iteration 6 is the 2nd of the 2nd loop's explore iterations (B active) and mid-epoch 2
-    assert RSPOLoop(k=2).phase_of(6) == "explore"
+    # 6: the 2nd of the 2nd loop's explore iterations (B active), mid-epoch 2;
+    # 4: A's 2nd exploit iteration of the first loop, with replay in its batch, end of epoch 1
+    assert RSPOLoop(k=2).phase_of(crash_at) == phase
+    assert full[4]["metrics"]["rspo/replay_frac"] > 0 and "rspo/replay_adv_abs" in full[4]["metrics"]
     with pytest.raises(RuntimeError, match="simulated crash"):
-        _run(tmp_path / "crash", crash_at=6)
+        _run(tmp_path / "crash", crash_at=crash_at)
     resumed = _run(tmp_path / "crash", resume=True)
-    # rows are keyed by iterations done: the last checkpoint holds 6 done, the crash hit the 7th
-    assert sorted(resumed) == [7, 8]
+    # rows are keyed by iterations done: the last checkpoint holds crash_at done, the crash hit the next
+    assert sorted(resumed) == list(range(crash_at + 1, 9))
     for it in resumed:
         assert resumed[it]["actions"] == full[it]["actions"]
         assert resumed[it]["metrics"] == {k: full[it]["metrics"].get(k) for k in resumed[it]["metrics"]}
