@@ -80,6 +80,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out-runs", default="runs/rspo_study")
     p.add_argument("--out", default="docs/rspo_study")
+    p.add_argument("--summarise-only", action="store_true", help="run nothing: summarise the runs already finished")
     args = p.parse_args()
 
     def job(setting, name, seed):
@@ -94,9 +95,13 @@ def main() -> None:
     plan = [("hard", n, s) for s in args.seeds for n in args.runs]
     plan += [("hard", n, args.seeds[0]) for n in args.ablations]
     plan += [("quickstart", n, s) for s in args.seeds for n in args.quick_runs]
-    t0 = time.time()
-    dirs = run_all([job(*x) for x in plan], args.jobs)
-    print(f"wall time of the runs: {time.time() - t0:.0f} s")
+    if args.summarise_only:
+        plan = [x for x in plan if (Path(args.out_runs) / f"{x[0]}/{x[1]}" / f"seed{x[2]}" / "done.json").exists()]
+        dirs = [Path(args.out_runs) / f"{x[0]}/{x[1]}" / f"seed{x[2]}" for x in plan]
+    else:
+        t0 = time.time()
+        dirs = run_all([job(*x) for x in plan], args.jobs)
+        print(f"wall time of the runs: {time.time() - t0:.0f} s")
 
     records, res = [], {}
     for (setting, name, seed), d in zip(plan, dirs):

@@ -1,4 +1,4 @@
-"""``rspo-lightning``: the Lightning CLI (subcommands fit / validate / test).
+"""``rspo-lightning``: the Lightning CLI (subcommands fit / validate / test / predict).
 
 ``rspo-lightning fit --help`` is the reference manual: every argument of the RL module, its
 data module and the callbacks below is typed and documented there.
@@ -10,26 +10,86 @@ to Lightning's subclass mode (``--model.help CLASS`` documents that class).
 
 from __future__ import annotations
 
+import difflib
+import re
 import sys
 
 import yaml
+from jsonargparse._common import debug_mode_active
 from lightning.pytorch import LightningDataModule, LightningModule
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from rspo_lightning.callbacks import TranscriptLogger
+from rspo_lightning.checkpointing import IterationCheckpoint
+
+DEFAULT_SAVE_DIR = "runs"  # the logger save_dir of every shipped config: replaced by --trainer.default_root_dir
+
+
+def _keys(parser) -> list[str]:
+    """Every option key a parser (and its subcommands) accepts, dotted."""
+    keys = []
+    for action in parser._actions:
+        if action.dest not in ("help", "config", "print_config"):
+            keys.append(action.dest)
+        for sub in (getattr(action, "choices", None) or {}).values() if hasattr(action, "_name_parser_map") else []:
+            keys += _keys(sub)
+    return keys
+
+
+class AgentArgumentParser(LightningArgumentParser):
+    """A wrong option prints the error, the nearest known key, and where the manual is, instead
+    of the full usage."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error or debug_mode_active():
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        known = _keys(parser)
+        hints = []
+        for key in dict.fromkeys(re.findall(r"(?:--|')([A-Za-z_][\w.]*)", message)):
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+                if close:
+                    hints.append(f"did you mean '{close[0]}' for '{key}'?")
+        prog = parser.prog.replace(" [options]", "")
+        sys.stderr.write(f"error: {message}\n" + "".join(f"  {h}\n" for h in hints)
+                         + f"For the accepted options run: {prog} --help\n")
+        sys.exit(2)
 
 
 class AgentCLI(LightningCLI):
+    """Checkpoints: an ``IterationCheckpoint`` (``--checkpoint.*``) writes ``last.ckpt`` every RL
+    iteration to ``<save_dir>/<name>/checkpoints``, so ``--ckpt_path last`` resumes the previous
+    run of the same config. ``--trainer.default_root_dir DIR`` moves logs and checkpoints to DIR
+    (replacing the shipped configs' ``save_dir: runs``)."""
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(TranscriptLogger, "transcripts")
+        parser.add_lightning_class_args(IterationCheckpoint, "checkpoint")
         parser.set_defaults({
             "trainer.logger": {
                 "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                "init_args": {"save_dir": "runs", "name": "rspo"},
+                "init_args": {"save_dir": DEFAULT_SAVE_DIR, "name": "rspo"},
             },
             "trainer.num_sanity_val_steps": -1,
             "trainer.log_every_n_steps": 1,
         })
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config.get(str(self.subcommand), self.config)
+        trainer = cfg.get("trainer")
+        root = trainer.get("default_root_dir") if trainer is not None else None
+        logger = trainer.get("logger") if trainer is not None else None
+        if root is not None and logger not in (None, False, True):
+            for one in logger if isinstance(logger, list) else [logger]:
+                init = one.get("init_args") if hasattr(one, "get") else None
+                if init is not None and init.get("save_dir") == DEFAULT_SAVE_DIR:
+                    init["save_dir"] = str(root)
+
+    def _instantiate_trainer(self, config: dict, callbacks: list) -> "Trainer":
+        if config.get("enable_checkpointing") is False:  # Lightning refuses a checkpoint callback then
+            callbacks = [c for c in callbacks if not isinstance(c, IterationCheckpoint)]
+        return super()._instantiate_trainer(config, callbacks)
 
 
 def _names_a_class(argv: list[str]) -> bool:
@@ -50,7 +110,9 @@ def _names_a_class(argv: list[str]) -> bool:
 
 def main(args: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if args is None else args)
-    kwargs = dict(args=argv, save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
+    # from the console script LightningCLI reads sys.argv itself (passing both makes it warn)
+    kwargs = dict(args=args, save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False,
+                  parser_class=AgentArgumentParser)
     if _names_a_class(argv):
         AgentCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, **kwargs)
     else:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +14,25 @@ from rspo_lightning.policy import TinyModelConfig
 
 GROUP_RELATIVE = {"grpo", "rloo", "gigpo", "proxmo", "a2tgpo"}
 KNOWN_ESTIMATORS = GROUP_RELATIVE | {"gae"}
+
+
+def _as_dataclass(value: Any, cls: type, name: str) -> Any:
+    """``value`` as a ``cls``: instances pass through, a mapping becomes ``cls(**value)``.
+
+    Raises ValueError naming an unknown key, the closest field and every field of ``cls``, and
+    TypeError for anything else (``name`` is the field's dotted config path).
+    """
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a {cls.__name__} or a dict of its fields, got {type(value).__name__} {value!r}")
+    accepted = [f.name for f in dataclasses.fields(cls) if f.init]
+    for key in value:
+        if key not in accepted:
+            close = difflib.get_close_matches(str(key), accepted, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{name}: unknown key {key!r}{hint}; {cls.__name__} accepts {accepted}")
+    return cls(**value)
 
 
 @dataclass
@@ -71,6 +93,11 @@ class PolicyConfig:
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
     lora: LoraSettings | None = None
+
+    def __post_init__(self) -> None:
+        self.tiny = _as_dataclass(self.tiny, TinyModelConfig, "policy.tiny")
+        if self.lora is not None:
+            self.lora = _as_dataclass(self.lora, LoraSettings, "policy.lora")
 
 
 @dataclass
@@ -171,6 +198,7 @@ class AlgorithmConfig:
     swap: SwapConfig = field(default_factory=SwapConfig)
 
     def __post_init__(self) -> None:
+        self.swap = _as_dataclass(self.swap, SwapConfig, "algorithm.swap")
         if self.estimator not in KNOWN_ESTIMATORS:
             raise ValueError(f"algorithm.estimator: unknown estimator {self.estimator!r}; choose one of {sorted(KNOWN_ESTIMATORS)}")
         if self.ppo_epochs < 1:

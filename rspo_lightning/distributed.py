@@ -72,7 +72,8 @@ def decoder_layer_classes(model: nn.Module) -> set[type[nn.Module]]:
         raise ValueError(
             f"cannot find the decoder-layer class of {type(model).__name__}: no `_no_split_modules` names a module of it "
             "and it has no `layers` ModuleList; give FSDP an explicit policy instead, e.g. trainer.strategy: "
-            "{class_path: lightning.pytorch.strategies.FSDPStrategy, init_args: {auto_wrap_policy: [<your block class>]}}"
+            "{class_path: lightning.pytorch.strategies.FSDPStrategy, init_args: {auto_wrap_policy: [<your block class>]}} "
+            "in YAML, or Trainer(strategy=FSDPStrategy(auto_wrap_policy={<your block class>})) in Python"
         )
     return classes
 

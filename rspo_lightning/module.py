@@ -10,6 +10,7 @@ import contextlib
 import copy
 import gc
 import math
+import os
 import time
 from typing import Any
 
@@ -20,7 +21,10 @@ from torch.distributed.tensor import DTensor
 
 from rspo_lightning import advantages as adv
 from rspo_lightning import losses
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
 from rspo_lightning.batching import FlatTurns, flatten, make_train_batch, positions_from_mask
+from rspo_lightning.checkpointing import AtomicCheckpointIO, IterationCheckpoint
 from rspo_lightning.config import GROUP_RELATIVE, AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.critic import CriticConfig, SeparateCritic
 from rspo_lightning.distributed import all_max, all_sum, gather_values, is_sharded, merge_over_ranks, shard_fsdp2, world_size
@@ -88,6 +92,8 @@ class AgentRLModule(pl.LightningModule):
         val_temperature: sampling temperature of validation episodes (verl-agent uses 0.4).
         val_greedy: also run greedy validation, logged as ``val/greedy_success_rate``.
         seed: seed of rollout sampling (tasks come from the datamodule's seed).
+        predict_path: where ``predict`` writes its episodes (trajectory JSONL); None =
+            ``<trainer.default_root_dir>/predictions.jsonl``.
     """
 
     def __init__(
@@ -102,6 +108,7 @@ class AgentRLModule(pl.LightningModule):
         val_temperature: float = 0.4,
         val_greedy: bool = False,
         seed: int = 0,
+        predict_path: str | None = None,
     ):
         super().__init__()
         # The dense source is an object (possibly a model): kept out of the checkpoint's
@@ -114,11 +121,13 @@ class AgentRLModule(pl.LightningModule):
         if algorithm.estimator == "a2tgpo" and dense_reward is None:
             raise ValueError(
                 "algorithm.estimator: a2tgpo needs a per-turn signal: set model.dense_reward, e.g. "
-                "{class_path: rspo_lightning.rewards.EnvProgressReward}"
+                "{class_path: rspo_lightning.rewards.EnvProgressReward} in YAML, or "
+                "AgentRLModule(dense_reward=rspo_lightning.rewards.EnvProgressReward()) in Python"
             )
         self.val_temperature = val_temperature
         self.val_greedy = val_greedy
         self.seed = seed
+        self.predict_path = predict_path
         self.automatic_optimization = False
         self.policy = None
         self.tokenizer = None
@@ -132,6 +141,7 @@ class AgentRLModule(pl.LightningModule):
         self.episodes_dropped = 0  # training episodes left out because of environment faults (this rank)
         self.last_trajectories: list[Trajectory] = []
         self._val_sums: dict[str, list[float]] = {}  # validation metric -> [sum, count] on this rank
+        self._iteration_metrics: dict[str, float] = {}  # logged in the current training iteration
         self._fsdp2_applied = False
         self._flat_sharded = False  # FSDP1: each rank holds a slice of every gradient
 
@@ -204,11 +214,32 @@ class AgentRLModule(pl.LightningModule):
                 f"data.group_size must be >= 2 for the group-relative estimator {self.algo.estimator!r}, got {group_size}; "
                 "raise data.group_size or use algorithm.estimator: gae"
             )
-        if getattr(dm, "reward_mode", "outcome") == "dense" and self.dense_reward is None:
-            raise ValueError("data.reward_mode: dense needs a dense reward source: set model.dense_reward, "
-                             "e.g. {class_path: rspo_lightning.rewards.EnvProgressReward}")
+        mode = getattr(dm, "reward_mode", "outcome")
+        if mode != "outcome" and self.dense_reward is None:
+            raise ValueError(f"data.reward_mode: {mode} needs a dense reward source: set model.dense_reward, e.g. "
+                             "{class_path: rspo_lightning.rewards.EnvProgressReward} in YAML, or "
+                             "AgentRLModule(dense_reward=rspo_lightning.rewards.EnvProgressReward()) in Python")
 
+        self._check_step_knobs()
+        if type(strategy.checkpoint_io) is TorchCheckpointIO:  # written next to the file, renamed, checksummed
+            strategy.checkpoint_io = AtomicCheckpointIO()
         freeze_startup_heap()
+
+    def _check_step_knobs(self) -> None:
+        """Lightning's step counters count optimizer steps (several per RL iteration, none in some):
+        refuse the knobs that would silently mean something else than iterations."""
+        trainer = self.trainer
+        if trainer.state.fn == "fit" and trainer.max_steps not in (-1, None):
+            raise ValueError(
+                f"trainer.max_steps ({trainer.max_steps}) counts optimizer steps, not RL iterations (one iteration takes "
+                f"ppo_epochs x minibatches steps, RSPO's collect iteration none); set the run length in iterations: "
+                f"data.iterations_per_epoch x trainer.max_epochs (or the EnvStepBudget callback), and leave max_steps at -1")
+        for cb in trainer.checkpoint_callbacks:
+            if getattr(cb, "_every_n_train_steps", 0) and not isinstance(cb, IterationCheckpoint):
+                raise ValueError(
+                    f"ModelCheckpoint(every_n_train_steps={cb._every_n_train_steps}) counts optimizer steps, not RL iterations; "
+                    "use rspo_lightning.checkpointing.IterationCheckpoint(every_n_iterations=N) (the CLI's checkpoint.every_n_iterations) "
+                    "or every_n_epochs (an epoch is data.iterations_per_epoch iterations)")
 
     def teardown(self, stage: str) -> None:
         if self.engine is not None:  # envs and their worker processes; the next rollout builds new ones
@@ -418,8 +449,9 @@ class AgentRLModule(pl.LightningModule):
         self.episodes_dropped += len(played) - len(trajectories)
         if dense:
             if self.dense_reward is None:
-                raise ValueError("reward_mode 'dense' needs a dense reward source: set model.dense_reward, "
-                                 "e.g. {class_path: rspo_lightning.rewards.EnvProgressReward}")
+                raise ValueError("a dense reward mode needs a dense reward source: set model.dense_reward, e.g. "
+                                 "{class_path: rspo_lightning.rewards.EnvProgressReward} in YAML, or "
+                                 "AgentRLModule(dense_reward=rspo_lightning.rewards.EnvProgressReward()) in Python")
             assign_dense_rewards(self.dense_reward, trajectories)
         self.env_steps += int(self._sum(sum(len(t.turns) for t in trajectories))[0])
         return trajectories
@@ -725,6 +757,32 @@ class AgentRLModule(pl.LightningModule):
         return total, stats
 
     # -- metrics -------------------------------------------------------------------------
+    def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        """During a training iteration every logged value (the module's and the callbacks') is kept
+        for this iteration only and written once, at its end, to every logger at step = iteration:
+        a key not logged in an iteration has no point there (Lightning's logger connector would
+        re-emit the last value of a key logged on an earlier step). Progress bar and
+        ``callback_metrics`` are updated as usual."""
+        trainer = self._trainer
+        if trainer is not None and trainer.training and not trainer.sanity_checking and kwargs.get("logger", True) is not False:
+            if name != "step":
+                self._iteration_metrics[name] = float(value)
+            kwargs["logger"] = False
+        super().log(name, value, *args, **kwargs)
+
+    def _flush_iteration_metrics(self) -> None:
+        metrics, self._iteration_metrics = self._iteration_metrics, {}
+        if metrics and self._trainer is not None:
+            metrics["iteration"] = float(self.iteration)
+            for logger in self.trainer.loggers:
+                logger.log_metrics(metrics, step=self.iteration)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._flush_iteration_metrics()  # after the callbacks' on_train_batch_end (Lightning calls them first)
+
+    def on_train_epoch_end(self) -> None:
+        self._flush_iteration_metrics()  # what epoch-end callbacks (e.g. Curriculum) logged
+
     def _log_replay(self, advantages: torch.Tensor, flat: FlatTurns) -> None:
         """What the replayed rows contribute: their mean |advantage|, the fraction at exactly 0,
         and their share of the iteration's response tokens (this rank)."""
@@ -769,10 +827,21 @@ class AgentRLModule(pl.LightningModule):
         acc[0] += float(value)
         acc[1] += 1.0
 
-    def validation_step(self, batch: IterationBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
+    @staticmethod
+    def metric_prefix(split: str, stage: str = "val") -> str:
+        """``val`` for valid_seen / valid, ``val_<name>`` for other validation splits; ``test`` for
+        the test split, ``test_<name>`` for a validation split played by ``test``."""
+        if stage == "val":
+            return "val" if split in ("valid_seen", "valid") else f"val_{split.removeprefix('valid_')}"
+        return "test" if split == "test" else f"test_{split.removeprefix('valid_')}"
+
+    def _play_held_out(self, batch: IterationBatch, batch_idx: int, stage: str) -> list[Trajectory]:
+        """Play each held-out task once (validation temperature; greedy too with ``val_greedy``),
+        accumulating success and score under the stage's metric prefix; returns the sampled episodes."""
         split = batch.tasks[0].split if batch.tasks else "valid_seen"
-        prefix = "val" if split in ("valid_seen", "valid") else f"val_{split.removeprefix('valid_')}"
+        prefix = self.metric_prefix(split, stage)
         runs = [("", False)] + ([("greedy_", True)] if self.val_greedy else [])
+        played: list[Trajectory] = []
         for tag, greedy in runs:
             self._seed_rollout(f"{prefix}/{tag}{batch_idx}")
             trajs = self.engine.collect(batch.tasks, 1, temperature=self.val_temperature, greedy=greedy, iteration=self.iteration)
@@ -782,6 +851,12 @@ class AgentRLModule(pl.LightningModule):
                 self._val_update(f"{prefix}/{tag}score", t.score)
                 if not tag and t.task_type:
                     self._val_update(f"{prefix}/success_rate/{t.task_type}", t.success)
+            if not tag:
+                played = trajs
+        return played
+
+    def validation_step(self, batch: IterationBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._play_held_out(batch, batch_idx, "val")
 
     def on_validation_epoch_end(self) -> None:
         # one all_gather of every rank's [sum, count] per metric: ranks may hold different metrics
@@ -799,12 +874,32 @@ class AgentRLModule(pl.LightningModule):
         if values:
             self.log("step", float(self.iteration), add_dataloader_idx=False)
 
-    # `rspo-lightning test` / `validate` play the same held-out tasks.
+    # `rspo-lightning test` plays the env's test split (or the validation splits) as test/*.
     def test_step(self, batch: IterationBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self.validation_step(batch, batch_idx, dataloader_idx)
+        self._play_held_out(batch, batch_idx, "test")
 
     def on_test_epoch_end(self) -> None:
         self.on_validation_epoch_end()
+
+    # `rspo-lightning predict` plays the same tasks and writes the episodes as trajectory JSONL.
+    def on_predict_start(self) -> None:
+        self._predicted: list[Trajectory] = []
+
+    def predict_step(self, batch: IterationBatch, batch_idx: int, dataloader_idx: int = 0) -> dict[str, float]:
+        trajs = self._play_held_out(batch, batch_idx, "test")
+        self._predicted.extend(trajs)
+        return {"episodes": float(len(trajs)), "successes": float(sum(t.success for t in trajs))}
+
+    def on_predict_end(self) -> None:
+        from rspo_lightning.trajectory_io import save_trajectories
+
+        self._val_sums = {}
+        root = self.trainer.default_root_dir
+        name = "predictions.jsonl" if self.trainer.world_size == 1 else f"predictions.rank{self.global_rank}.jsonl"
+        path = self.predict_path or os.path.join(root, name)
+        n = save_trajectories(path, self._predicted, self.tokenizer)
+        won = sum(t.success for t in self._predicted)
+        print(f"predict: {n} episodes, success rate {won / max(n, 1):.3f}, written to {path}")
 
     # -- checkpoint ----------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -828,3 +923,33 @@ class AgentRLModule(pl.LightningModule):
         self._restored_env_errors = int(checkpoint.get("rspo_env_errors", 0))
         if "rspo_dense_reward" in checkpoint and hasattr(self.dense_reward, "load_state_dict"):
             self.dense_reward.load_state_dict(checkpoint["rspo_dense_reward"])
+        self._agent_a_from_rspo_state(checkpoint)
+
+    def _agent_a_from_rspo_state(self, checkpoint: dict) -> None:
+        """A checkpoint written while RSPO's explorer B was active holds B's weights and A's in
+        the RSPOLoop state. Unless this run fits with an RSPOLoop (which restores A itself at the
+        end of B's phase), load A: validate / test / predict then measure agent A, and a fit
+        without the loop continues A."""
+        from rspo_lightning.callbacks.rspo import RSPOLoop
+
+        snapshot = None
+        for state in (checkpoint.get("callbacks") or {}).values():
+            if isinstance(state, dict) and {"snapshot", "buffer", "counts"} <= state.keys() and state["snapshot"] is not None:
+                snapshot = state["snapshot"]
+        trainer = self._trainer
+        fitting_with_loop = (trainer is not None and trainer.state.fn == "fit"
+                             and any(isinstance(cb, RSPOLoop) for cb in trainer.callbacks))
+        if snapshot is None or fitting_with_loop or "state_dict" not in checkpoint:
+            return
+        # tied weights (embeddings = LM head) appear once among the parameters, under every name in the state dict
+        names = {p.data_ptr(): n for n, p in self.named_parameters()}
+        merged = dict(checkpoint["state_dict"])
+        for key, tensor in self.state_dict(keep_vars=True).items():
+            source = names.get(tensor.data_ptr())
+            if source in snapshot["params"] and key in merged:
+                merged[key] = snapshot["params"][source]
+        checkpoint["state_dict"] = merged
+        if snapshot.get("optimizers") and "optimizer_states" in checkpoint:
+            checkpoint["optimizer_states"] = snapshot["optimizers"]
+        if snapshot.get("schedulers") and "lr_schedulers" in checkpoint:
+            checkpoint["lr_schedulers"] = snapshot["schedulers"]

@@ -115,7 +115,8 @@ def load_policy(
         corpus: texts the tiny word-level tokenizer is trained on; required for
             ``source="tiny"``, ignored otherwise. Every whitespace-separated word becomes one token.
         save_dir: where the tiny model and tokenizer are saved before being loaded back;
-            a fresh temporary directory (not removed) when None. Ignored unless ``source="tiny"``.
+            a temporary directory, removed once they are loaded, when None. Ignored unless
+            ``source="tiny"``.
 
     Returns:
         ``(model, tokenizer)``: the model in eval mode with float weights of ``dtype``; the
@@ -408,7 +409,17 @@ def _build_tiny(
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.eos_token_id
 
-    directory = save_dir or tempfile.mkdtemp(prefix="rspo_tiny_policy_")
+    if save_dir:
+        return _save_and_reload(model, tokenizer, save_dir, torch_dtype)
+    # The reloaded model and tokenizer hold everything in memory: the files are not needed after.
+    with tempfile.TemporaryDirectory(prefix="rspo_tiny_policy_") as directory:
+        return _save_and_reload(model, tokenizer, directory, torch_dtype)
+
+
+def _save_and_reload(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: str, torch_dtype: torch.dtype
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Save the tiny model and tokenizer into ``directory`` and load them back via Auto classes."""
     os.makedirs(directory, exist_ok=True)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

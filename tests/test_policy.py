@@ -336,3 +336,16 @@ def test_frozen_copy(tiny):
     assert all(p.requires_grad for p in model.parameters())
     torch.testing.assert_close(ref.lm_head.weight, model.lm_head.weight)
     assert ref.lm_head.weight.data_ptr() != model.lm_head.weight.data_ptr()
+
+
+def test_tiny_without_save_dir_leaves_nothing_in_the_temp_dir(tmp_path, monkeypatch):
+    # A private temp dir, so that other processes' rspo_tiny_policy_* folders cannot interfere.
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert tempfile.gettempdir() == str(tmp_path)
+    model, tokenizer = load_policy("tiny", corpus=CORPUS, tiny=SMALL)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    # still usable once its files are gone
+    ids = tokenizer("go to shelf 1", return_tensors="pt")["input_ids"]
+    assert model(ids).logits.shape == (1, ids.shape[1], len(tokenizer))

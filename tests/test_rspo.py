@@ -428,3 +428,26 @@ def test_alpha_weighting_of_the_policy_loss_by_hand():
     # the pooled token-mean (offline_weighting: tokens) weighs each part by its tokens
     pooled, _ = m._loss(batch)
     assert float(pooled) == pytest.approx(-(n[0] * 1.0 + n[1] * -2.0 + n[2] * 4.0) / sum(n), abs=1e-5)
+
+
+def test_validate_and_predict_of_a_mid_b_checkpoint_measure_agent_a(tmp_path):
+    from rspo_lightning.checkpointing import IterationCheckpoint
+    from rspo_lightning.trajectory_io import load_trajectories
+
+    torch.manual_seed(0)
+    m = _module()
+    ckpt = IterationCheckpoint(dirpath=str(tmp_path), every_n_iterations=1)
+    # one epoch of 1 iteration: B has explored once, so the checkpoint holds B's weights and A's snapshot
+    _trainer([_loop(k=2), ckpt], max_epochs=1, enable_checkpointing=True).fit(m, _dm(ipe=1))
+    state = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    snapshot = next(v["snapshot"] for v in state["callbacks"].values() if isinstance(v, dict) and "snapshot" in v)
+    assert snapshot is not None and any(not torch.equal(snapshot["params"][k], state["state_dict"][k]) for k in snapshot["params"])
+    dm = AgentDataModule(env=ENV, groups_per_iteration=4, group_size=2, val_splits=["valid_seen"], num_val_tasks=3)
+    for stage in ("validate", "predict"):
+        fresh = _module(predict_path=str(tmp_path / "episodes.jsonl"))
+        trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)  # no RSPOLoop here
+        getattr(trainer, stage)(fresh, dm, ckpt_path=str(tmp_path / "last.ckpt"), weights_only=True)
+        params = dict(fresh.named_parameters())
+        assert all(torch.equal(params[k], v) for k, v in snapshot["params"].items()), stage  # agent A, not B
+    episodes = load_trajectories(str(tmp_path / "episodes.jsonl"))
+    assert sorted(t.task.task_id for t in episodes) == [0, 1, 2] and all(t.turns for t in episodes)

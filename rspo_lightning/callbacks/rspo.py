@@ -240,7 +240,8 @@ class RSPOLoop(pl.Callback):
         if self.replay_from == "explorer" and self.explorer_reward != "outcome" and pl_module.dense_reward is None:
             raise ValueError(
                 f"RSPOLoop explorer_reward={self.explorer_reward!r} needs a dense reward source: pass "
-                "dense_reward={class_path: rspo_lightning.rewards.EnvProgressReward} to the callback or set model.dense_reward "
+                "dense_reward={class_path: rspo_lightning.rewards.EnvProgressReward} (YAML) or "
+                "RSPOLoop(dense_reward=rspo_lightning.rewards.EnvProgressReward()) (Python), or set model.dense_reward "
                 "(or use explorer_reward='outcome' for the RSPO_O ablation)"
             )
         self._advantages = getattr(pl_module, "outcome_advantages", None)

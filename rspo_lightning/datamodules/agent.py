@@ -136,6 +136,8 @@ class AgentDataModule(pl.LightningDataModule):
             if split not in getattr(u, "splits", (split,)):
                 raise ValueError(f"split {split!r} is not offered by {self.env.env_id}; it has {list(u.splits)}")
             self._num_tasks[split] = int(u.num_tasks(split))
+        if "test" in getattr(u, "splits", ()):
+            self._num_tasks["test"] = int(u.num_tasks("test"))
         env.close()
 
     # -- rank sharding -------------------------------------------------------------------
@@ -190,10 +192,15 @@ class AgentDataModule(pl.LightningDataModule):
         n = total if self.num_val_tasks is None else min(self.num_val_tasks, total)
         return [TaskSpec(self.env.env_id, split, i, group_id=i) for i in range(n)]
 
-    def val_dataloader(self) -> list[DataLoader]:
+    def test_splits(self) -> list[str]:
+        """What ``test`` and ``predict`` play: the env's ``test`` split where it has one (Shop,
+        WebShop), else the validation splits."""
+        return ["test"] if "test" in self._num_tasks else list(self.val_splits)
+
+    def _split_loaders(self, splits: list[str]) -> list[DataLoader]:
         rank, world = self._rank_world()
         loaders = []
-        for split in self.val_splits:
+        for split in splits:
             tasks = self.val_tasks(split)
             mine = tasks[rank::world]
             step = max(1, self.val_groups_per_batch)
@@ -204,8 +211,14 @@ class AgentDataModule(pl.LightningDataModule):
             loaders.append(DataLoader(_ValTasks(batches), batch_size=None, collate_fn=_identity))
         return loaders
 
+    def val_dataloader(self) -> list[DataLoader]:
+        return self._split_loaders(self.val_splits)
+
     def test_dataloader(self) -> list[DataLoader]:
-        return self.val_dataloader()
+        return self._split_loaders(self.test_splits())
+
+    def predict_dataloader(self) -> list[DataLoader]:
+        return self._split_loaders(self.test_splits())
 
     def state_dict(self) -> dict:
         return {"seed": self.seed}

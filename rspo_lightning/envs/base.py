@@ -8,6 +8,8 @@ so that a typo in an env id fails with the list of ids that do exist.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import numbers
 import random
 import string
@@ -15,6 +17,7 @@ from typing import Any
 
 import gymnasium
 from gymnasium import spaces
+from gymnasium.envs.registration import load_env_creator
 
 #: Characters the text spaces accept: every printable ASCII character, whitespace included.
 TEXT_CHARSET = string.printable
@@ -55,9 +58,17 @@ class TextEnv(gymnasium.Env):
     - `expert_action()` returns the next action of an expert plan from the current state.
     """
 
-    metadata = {"render_modes": ["ansi"]}
+    # render_fps: gymnasium's env checker warns on the first render() of an env with render modes
+    # and no render_fps. A text env has no frame rate; 4 is only what a recorder would replay at.
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
     #: Task splits this env serves; subclasses override.
     splits: tuple[str, ...] = ("train",)
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        # Runs before __init__ whichever way the env is built (the class itself, gymnasium.make,
+        # make_env), so a misspelt keyword fails with the accepted ones instead of a bare TypeError.
+        check_env_kwargs(cls, kwargs)
+        return super().__new__(cls)
 
     def __init__(self, render_mode: str | None = None) -> None:
         if render_mode not in (None, "ansi"):
@@ -172,6 +183,50 @@ class TextEnv(gymnasium.Env):
         return texts
 
 
+# -- keyword arguments ---------------------------------------------------------------------------
+
+
+def accepted_kwargs(creator: Any) -> list[str] | None:
+    """Keyword argument names `creator` (an env class or factory) accepts, in signature order.
+
+    None when it takes ``**kwargs`` or has no readable signature (anything goes, as far as we can tell).
+    """
+    try:
+        signature = inspect.signature(creator.__init__ if isinstance(creator, type) else creator)
+    except (TypeError, ValueError):
+        return None
+    params = list(signature.parameters.values())
+    if isinstance(creator, type):
+        params = params[1:]  # self
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.kind in kinds]
+
+
+def check_env_kwargs(creator: Any, kwargs: dict[str, Any], env_id: str | None = None) -> None:
+    """Raise TypeError if `kwargs` holds a key `creator` does not accept.
+
+    The message names each unknown key, suggests the closest accepted name
+    (`difflib.get_close_matches`) and lists the accepted ones.
+    """
+    accepted = accepted_kwargs(creator)
+    if accepted is None:
+        return
+    unknown = [key for key in kwargs if key not in accepted]
+    if not unknown:
+        return
+    what = env_id or getattr(creator, "__name__", repr(creator))
+    parts = []
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), accepted, n=1)
+        parts.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise TypeError(
+        f"{what} got unknown keyword argument{'s' if len(unknown) > 1 else ''} {', '.join(parts)}; "
+        f"it accepts {accepted}"
+    )
+
+
 # -- registry ----------------------------------------------------------------------------------
 
 
@@ -200,8 +255,19 @@ def make_env(env_id: str, **kwargs: Any) -> gymnasium.Env:
     """`gymnasium.make(env_id, **kwargs)` for a registered `rspo/` id.
 
     Raises ValueError naming the bad id and listing the registered `rspo/` ids when `env_id`
-    is unknown.
+    is unknown, and TypeError naming a keyword argument the env does not take, with the closest
+    accepted one and the list of them (wrappers such as `rspo/Faulty-v0` included).
     """
     if env_id not in gymnasium.registry:
         raise ValueError(f"unknown env id {env_id!r}; registered rspo envs: {registered_env_ids()}")
+    spec = gymnasium.spec(env_id)
+    if spec.entry_point is not None:
+        creator = spec.entry_point if callable(spec.entry_point) else load_env_creator(spec.entry_point)
+        # max_episode_steps and disable_env_checker are gymnasium.make's own, not the env's
+        env_kwargs = {k: v for k, v in kwargs.items() if k not in _MAKE_KWARGS}
+        check_env_kwargs(creator, {**spec.kwargs, **env_kwargs}, env_id)
     return gymnasium.make(env_id, **kwargs)
+
+
+#: Keyword arguments `gymnasium.make` takes for itself rather than passing to the env.
+_MAKE_KWARGS = ("max_episode_steps", "disable_env_checker")

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rspo_lightning.callbacks import RSPOLoop
+from rspo_lightning.checkpointing import IterationCheckpoint
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.datamodules import AgentDataModule
 from rspo_lightning.module import AgentRLModule
@@ -49,7 +50,7 @@ def _run(tmp_path, crash_at=None, resume=False):
     loop = RSPOLoop(k=2, offline_ratio=0.25)  # the default: single trajectories with their collection-time advantage
     loop.buffer.skip_zero_advantage = False  # the untrained tiny model wins nothing here: replay every stored trajectory
     callbacks = [loop, record,
-                 pl.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=1, save_top_k=0)]
+                 IterationCheckpoint(dirpath=str(tmp_path), every_n_iterations=1, save_top_k=0)]
     if crash_at is not None:
         callbacks.append(Crash(crash_at))
     trainer = pl.Trainer(max_epochs=2, logger=False, num_sanity_val_steps=0, limit_val_batches=0, enable_progress_bar=False,

@@ -1,0 +1,200 @@
+"""Checkpoints as a Lightning user meets them: crash-safe writes, corruption found at load, and
+saves counted in RL iterations in a place the next run finds.
+
+- ``AtomicCheckpointIO``: writes ``<path>.tmp-<pid>`` in the checkpoint's own directory, fsyncs
+  it, renames it over ``<path>`` (atomic on one filesystem, wherever ``$TMPDIR`` is), then writes a
+  ``<path>.sha256`` sidecar the same way. A crash mid-write leaves the previous file intact and
+  the next save removes the orphan; a full disk raises naming the file and leaves no truncated
+  file under a checkpoint name. A load checks the sidecar (a flipped byte is caught) and turns
+  every unreadable-file error into one ``CheckpointError`` naming the file, what is wrong, and
+  the other checkpoints in its directory.
+- ``IterationCheckpoint``: a ``ModelCheckpoint`` whose directory is ``<save_dir>/<name>/checkpoints``
+  of the first logger (no ``version_N``: the next run finds ``last.ckpt`` with ``--ckpt_path
+  last``), saving ``last.ckpt`` every ``every_n_iterations`` RL iterations (iterations without an
+  optimizer step included) and ``iteration=<n>.ckpt`` files at epoch ends.
+"""
+
+from __future__ import annotations
+
+import errno
+import glob
+import hashlib
+import os
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file that cannot be used (missing, truncated, not a checkpoint, corrupted)."""
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_atomic(path: str, write) -> None:
+    """``write(file)`` into a temporary file next to ``path``, fsync, rename over ``path``."""
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    os.makedirs(directory, exist_ok=True)
+    for orphan in glob.glob(glob.escape(path) + ".tmp-*"):  # left by a run killed mid-write
+        try:
+            os.remove(orphan)
+        except OSError:
+            pass
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise CheckpointError(f"no space left on the device to write checkpoint {path}; the previous checkpoint "
+                                  f"there is untouched. Free space in {directory} and resume with --ckpt_path last") from exc
+        raise
+    try:  # make the rename itself durable
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def _others(path: str) -> str:
+    directory = os.path.dirname(os.path.abspath(path))
+    found = sorted(p for p in glob.glob(os.path.join(glob.escape(directory), "*.ckpt")) if os.path.abspath(p) != os.path.abspath(path))
+    return (f"use another checkpoint of {directory}: {', '.join(os.path.basename(p) for p in found)}" if found
+            else f"there is no other checkpoint in {directory}; start without --ckpt_path")
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Torch checkpoints written atomically next to their final path, with a SHA-256 sidecar."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"AtomicCheckpointIO takes no storage_options, got {storage_options!r}")
+        path = str(path)
+        _write_atomic(path, lambda f: torch.save(checkpoint, f))
+        digest = _sha256(path)
+        _write_atomic(path + ".sha256", lambda f: f.write(f"{digest}  {os.path.basename(path)}\n".encode()))
+
+    def load_checkpoint(self, path, map_location: Any | None = lambda storage, loc: storage,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        return load_checkpoint_file(str(path), map_location=map_location, weights_only=True if weights_only is None else weights_only)
+
+    def remove_checkpoint(self, path) -> None:
+        super().remove_checkpoint(path)
+        if os.path.exists(str(path) + ".sha256"):
+            os.remove(str(path) + ".sha256")
+
+
+def load_checkpoint_file(path: str, map_location: Any = "cpu", weights_only: bool = True) -> dict[str, Any]:
+    """``torch.load`` of a checkpoint, after checking its size and SHA-256 sidecar; every failure is
+    a ``CheckpointError`` naming the file, what is wrong and what to use instead."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {path} does not exist; {_others(path)}")
+    if os.path.getsize(path) == 0:
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes: a write that never finished); {_others(path)}")
+    sidecar = path + ".sha256"
+    if os.path.isfile(sidecar):
+        with open(sidecar) as f:
+            expected = f.read().split()[:1]
+        if expected and _sha256(path) != expected[0]:
+            raise CheckpointError(f"checkpoint {path} does not match its checksum {sidecar} (the file changed or is "
+                                  f"corrupted after it was written); {_others(path)}")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=weights_only)
+    except Exception as exc:  # truncated zip, random bytes, text, a pickle of forbidden globals
+        what = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"checkpoint {path} cannot be read as a PyTorch checkpoint ({type(exc).__name__}: {what}); "
+                              f"it is truncated, corrupted or not a checkpoint; {_others(path)}") from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise CheckpointError(f"checkpoint {path} holds no Lightning checkpoint (no 'state_dict'); {_others(path)}")
+    return checkpoint
+
+
+class IterationCheckpoint(ModelCheckpoint):
+    """``last.ckpt`` every ``every_n_iterations`` RL iterations, ``iteration=<n>.ckpt`` at epoch ends.
+
+    Args:
+        dirpath: where checkpoints go; None = ``<logger save_dir>/<logger name>/checkpoints``
+            (``<default_root_dir>/checkpoints`` without a logger): the same for every run of a
+            config, so ``--ckpt_path last`` finds the previous run's.
+        every_n_iterations: iterations between two saves of ``last.ckpt`` (0 = only at epoch ends).
+        save_top_k: epoch-end checkpoints kept (-1 = all; they carry the iteration in their name).
+    """
+
+    def __init__(self, dirpath: str | None = None, every_n_iterations: int = 1, save_top_k: int = 1):
+        if every_n_iterations < 0:
+            raise ValueError(f"IterationCheckpoint.every_n_iterations must be >= 0 (0 = epoch ends only), got {every_n_iterations}")
+        super().__init__(dirpath=dirpath, filename="iteration={iteration}", save_last=True, save_top_k=save_top_k,
+                         every_n_epochs=1, save_on_train_epoch_end=True, auto_insert_metric_name=False)
+        self.every_n_iterations = every_n_iterations
+
+    def _stable_dir(self, trainer) -> None:
+        if self.dirpath is None:
+            if trainer.loggers:
+                logger = trainer.loggers[0]
+                root = os.path.join(logger.save_dir or trainer.default_root_dir, str(logger.name))
+            else:
+                root = trainer.default_root_dir
+            self.dirpath = os.path.realpath(os.path.join(root, "checkpoints"))
+
+    def _find_last_checkpoints(self, trainer) -> set[str]:
+        self._stable_dir(trainer)
+        return super()._find_last_checkpoints(trainer)
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self._stable_dir(trainer)
+        super().setup(trainer, pl_module, stage)
+
+    def format_checkpoint_name(self, metrics: dict, filename: str | None = None, ver: int | None = None, prefix: str | None = None) -> str:
+        module = getattr(self, "_module", None)
+        metrics = {**metrics, "iteration": int(getattr(module, "iteration", 0))}
+        return super().format_checkpoint_name(metrics, filename, ver, prefix)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._module = pl_module
+        super().on_train_start(trainer, pl_module)
+
+    def _should_skip_saving_checkpoint(self, trainer) -> bool:
+        # ModelCheckpoint skips a save when no optimizer step happened since the last one; an RL
+        # iteration without one (RSPO's collect, all-zero advantages) still changes the run's state.
+        from lightning.pytorch.trainer.states import TrainerFn
+
+        return bool(trainer.fast_dev_run) or trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._module = pl_module
+        n = int(getattr(pl_module, "iteration", 0))
+        epoch_end = batch_idx + 1 >= trainer.num_training_batches  # saved by on_train_epoch_end, after validation
+        if self.every_n_iterations and n % self.every_n_iterations == 0 and not epoch_end and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._module = pl_module
+        if self._should_skip_saving_checkpoint(trainer):
+            return
+        candidates = self._monitor_candidates(trainer)
+        if self.save_top_k != 0:
+            self._save_topk_checkpoint(trainer, candidates)
+        self._save_last_checkpoint(trainer, candidates)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["every_n_iterations"] = self.every_n_iterations
+        return state
