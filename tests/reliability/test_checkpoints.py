@@ -132,14 +132,15 @@ def _scalars(version_dir):
 def test_sigkill_mid_epoch_then_ckpt_path_last_reproduces_the_run(tmp_path):
     full, crash = tmp_path / "full", tmp_path / "crash"
     full.mkdir(), crash.mkdir()
-    _fit(full)
+    _fit(full, "--trainer.default_root_dir", str(full / "elsewhere"))  # logs and checkpoints follow default_root_dir
+    assert not (full / "runs").exists() and (full / "elsewhere" / "compare_grpo_rspo" / "checkpoints" / "last.ckpt").exists()
     # iterations (k = 1): 0 explore, 1 collect, 2 exploit | 3 explore, 4 collect, 5 exploit; killed as the
     # 5th starts (mid-epoch 2, B active): the last checkpoint holds 4 iterations done
     _fit(crash, "--trainer.callbacks+=distributed_helpers.KillAt", "--trainer.callbacks.at=4", expect_kill=True)
     ckpt_dir = crash / "runs" / "compare_grpo_rspo" / "checkpoints"
     assert (ckpt_dir / "last.ckpt").exists() and (ckpt_dir / "last.ckpt.sha256").exists()
     _fit(crash, "--ckpt_path", "last")  # the README's resume command
-    a = _scalars(full / "runs" / "compare_grpo_rspo" / "version_0")
+    a = _scalars(full / "elsewhere" / "compare_grpo_rspo" / "version_0")
     b = _scalars(crash / "runs" / "compare_grpo_rspo" / "version_1")  # the resumed run
     keys = [k for k in b if k.startswith(("train/", "rollout", "rspo/", "val"))]
     assert "rollout/success_rate" in keys and "val/success_rate" in keys and "rspo/phase" in keys
