@@ -45,6 +45,7 @@ RUNS = {
                         ["--trainer.callbacks.explorer_reward=outcome+dense", f"--trainer.callbacks.dense_scale={SHAPED_SCALE}"]),
     "grpo_rspo_group": ("configs/compare/grpo_rspo.yaml", True, ["--trainer.callbacks.replay_unit=group"]),
     "grpo_rspo_tokens": ("configs/compare/grpo_rspo.yaml", True, ["--trainer.callbacks.offline_weighting=tokens"]),
+    "grpo_rspo_online": ("configs/compare/grpo_rspo.yaml", True, ["--trainer.callbacks.replay_baseline=online"]),
 }
 MAIN = ["grpo", "grpo_shaped", "grpo_rspo", "grpo_rspo_h", "grpo_rspo_o"]
 DIAGNOSTICS = {  # table column: TensorBoard tag (mean over the iterations that log it)
@@ -71,7 +72,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--budget", type=int, default=40000, help="environment steps per run (hard setting)")
-    p.add_argument("--quick-budget", type=int, default=25000, help="environment steps per run (quickstart setting)")
+    p.add_argument("--quick-budget", type=int, default=15000, help="environment steps per run (quickstart setting)")
     p.add_argument("--runs", nargs="+", default=MAIN, help=f"runs of the hard setting, all seeds (of {list(RUNS)})")
     p.add_argument("--ablations", nargs="*", default=["grpo_rspo_mixed", "grpo_rspo_group"], help="hard-setting runs, first seed only")
     p.add_argument("--quick-runs", nargs="*", default=["grpo", "grpo_rspo"], help="quickstart-setting runs, all seeds")
@@ -93,8 +94,8 @@ def main() -> None:
                  f"--trainer.callbacks.max_env_steps={budget}"], args.out_runs, args.threads)
 
     plan = [("hard", n, s) for s in args.seeds for n in args.runs]
-    plan += [("hard", n, args.seeds[0]) for n in args.ablations]
     plan += [("quickstart", n, s) for s in args.seeds for n in args.quick_runs]
+    plan += [("hard", n, args.seeds[0]) for n in args.ablations]
     if args.summarise_only:
         plan = [x for x in plan if (Path(args.out_runs) / f"{x[0]}/{x[1]}" / f"seed{x[2]}" / "done.json").exists()]
         dirs = [Path(args.out_runs) / f"{x[0]}/{x[1]}" / f"seed{x[2]}" for x in plan]

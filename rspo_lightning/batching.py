@@ -58,8 +58,9 @@ def flatten(trajectories: Sequence[Trajectory], reward_mode: str = "outcome", de
     turns, rewards, traj_idx, group_idx, turn_idx, success, invalid, replay, anchors, dense = ([] for _ in range(10))
     group_ids: dict[tuple, int] = {}
     for i, traj in enumerate(trajectories):
-        # Replay groups and on-policy groups never share an index, even with equal group_id.
-        key = (traj.source, traj.task.group_id)
+        # Replay groups and on-policy groups never share an index, even with equal group_id, unless
+        # a replayed trajectory joins the on-policy group of its task (RSPO's online baseline).
+        key = ("on_policy" if traj.joins_online else traj.source, traj.task.group_id)
         g = group_ids.setdefault(key, len(group_ids))
         for t, turn in enumerate(traj.turns):
             turns.append(turn)

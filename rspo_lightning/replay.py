@@ -16,12 +16,13 @@ never drawn.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 from collections import deque
 from typing import Any, Sequence
 
 from rspo_lightning.trajectory_io import trajectory_from_dict, trajectory_to_dict
-from rspo_lightning.types import Trajectory
+from rspo_lightning.types import TaskSpec, Trajectory
 
 SAMPLING = ("reward", "random", "variance")
 UNITS = ("group", "trajectory")
@@ -176,11 +177,37 @@ class ReplayBuffer:
         self.rng.setstate((version, tuple(internal), gauss))
 
 
-def mix_replay(batch: Any, replay: list[list[Trajectory]], group_size: int) -> None:
+def mix_replay(batch: Any, replay: list[list[Trajectory]], group_size: int, join_online: bool = False) -> None:
     """Put ``replay`` (groups of trajectories) into ``batch`` in place of on-policy groups: as
     many of the batch's last task groups are dropped as the replayed trajectories fill
-    (``ceil(trajectories / group_size)``), so the batch plays no more episodes than before."""
+    (``ceil(trajectories / group_size)``), so the batch plays no more episodes than before.
+
+    ``join_online`` (RSPO's ``replay_baseline="online"``): each replayed task is played by one of
+    the remaining on-policy groups (that slot's task is re-pointed to it, keeping its group id) and
+    the replayed trajectories join that group (``Trajectory.joins_online``), so their advantage is
+    taken against A's own episodes of the same task when the iteration is trained. Copies are
+    made; the buffer's trajectories are untouched. Replayed tasks beyond the number of on-policy
+    slots keep their stored advantage.
+    """
     n = sum(len(g) for g in replay)
     drop = min(len(batch.tasks), -(-n // max(group_size, 1)))
     batch.tasks = batch.tasks[:len(batch.tasks) - drop]
+    if join_online:
+        slots: dict[tuple, TaskSpec] = {}
+        tasks = list(batch.tasks)
+        joined = []
+        for group in replay:
+            out = []
+            for t in group:
+                key = (t.task.env_id, t.task.split, t.task.task_id)
+                if key not in slots and len(slots) < len(tasks):
+                    i = len(slots)
+                    tasks[i] = TaskSpec(t.task.env_id, t.task.split, t.task.task_id, tasks[i].group_id)
+                    slots[key] = tasks[i]
+                if key in slots:
+                    t = dataclasses.replace(t, task=slots[key], joins_online=True,
+                                            turns=[dataclasses.replace(turn, replay_advantage=None) for turn in t.turns])
+                out.append(t)
+            joined.append(out)
+        batch.tasks, replay = tasks, joined
     batch.replay = replay

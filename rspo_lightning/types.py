@@ -93,6 +93,8 @@ class Trajectory:
         initial_progress: the environment's ``progress`` right after reset (dense-reward origin).
         env_error: why the environment failed during this episode (raised, timed out, returned
             garbage); None for a clean episode. Faulty episodes are never trained on.
+        joins_online: a replayed trajectory that is compared with the on-policy group of the
+            same ``task.group_id`` (RSPO's ``replay_baseline="online"``) instead of its own group.
     """
 
     task: TaskSpec
@@ -106,6 +108,7 @@ class Trajectory:
     truncated: bool = False
     initial_progress: float = 0.0
     env_error: str | None = None
+    joins_online: bool = False
 
     @property
     def outcome_return(self) -> float:

@@ -451,3 +451,48 @@ def test_validate_and_predict_of_a_mid_b_checkpoint_measure_agent_a(tmp_path):
         assert all(torch.equal(params[k], v) for k, v in snapshot["params"].items()), stage  # agent A, not B
     episodes = load_trajectories(str(tmp_path / "episodes.jsonl"))
     assert sorted(t.task.task_id for t in episodes) == [0, 1, 2] and all(t.turns for t in episodes)
+
+
+def test_online_baseline_joins_a_replayed_win_to_a_s_group_on_the_same_task():
+    from rspo_lightning.replay import mix_replay
+
+    m = _module()  # GRPO
+    loop = RSPOLoop(replay_baseline="online")
+    loop._advantages = m.outcome_advantages
+    loop._store([_hand_traj(3, True), _hand_traj(3, True)], count=True)  # all-won: stored advantage 0
+    assert loop.buffer.num_candidates() == 2  # still drawable: its advantage is decided against A's group
+    replay = loop.buffer.sample(1)
+    batch = IterationBatch(tasks=[TaskSpec("rspo/Household-v0", "train", 5, 100), TaskSpec("rspo/Household-v0", "train", 6, 101)],
+                           group_size=2)
+    mix_replay(batch, replay, 2, join_online=True)
+    # one trajectory takes ceil(1/2) = 1 slot; the remaining group (id 100) now plays the replayed task 3
+    assert batch.tasks == [TaskSpec("rspo/Household-v0", "train", 3, 100)]
+    joined = batch.replay[0][0]
+    assert joined.joins_online and joined.task.group_id == 100 and joined.turns[0].replay_advantage is None
+    assert loop.buffer.groups[0][0].turns[0].replay_advantage == 0.0  # the buffer's copy is untouched
+    a_fails = [_hand_traj(100, False), _hand_traj(100, False)]
+    for t in a_fails:
+        t.task = TaskSpec("rspo/Household-v0", "train", 3, 100)
+    flat = flatten(a_fails + [joined])
+    advantages, _, _ = m.compute_advantages(flat)
+    # GRPO over returns [0, 0, 10] by hand: mean 10/3, unbiased std sqrt(((10/3)^2 * 2 + (20/3)^2) / 2) = 5.7735
+    assert advantages.tolist() == pytest.approx([-0.57735, -0.57735, 1.15470], abs=1e-4)
+
+
+def test_a_fit_with_the_online_baseline_trains_replay_in_a_s_groups():
+    torch.manual_seed(0)
+    m = _module()
+    loop = RSPOLoop(k=1, offline_ratio=0.25, replay_baseline="online")
+    seen = {}
+
+    class Probe(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch.policy_tag == "A":
+                seen["tasks"] = [t.task_id for t in batch.tasks]
+                seen["replay"] = [t for g in batch.replay for t in g]
+
+    _trainer([loop, Probe()], max_epochs=1).fit(m, _dm(ipe=3))  # explore, collect, exploit
+    # 4 groups x alpha 1/4 = 1 group's worth (2 trajectories) of replay, 3 on-policy groups
+    assert len(seen["replay"]) == 2 and len(seen["tasks"]) == 3
+    assert all(t.joins_online and t.task.task_id in seen["tasks"] for t in seen["replay"])
+    assert math.isfinite(float(m.trainer.callback_metrics["rspo/replay_adv_abs"]))

@@ -155,9 +155,12 @@ class RSPOLoop(pl.Callback):
             ``outcome+dense`` (reward shaping) or ``outcome`` (the RSPO_O ablation).
         dense_scale: multiplier of the dense reward in B's reward.
         replay_from: ``explorer`` (RSPO) or ``history`` (ablation RSPO_H: A's own past groups).
-        replay_unit: what one replay draw takes: ``group`` (a whole stored group; its advantage is
-            the group's own) or ``trajectory`` (one trajectory with the advantage it had over its
-            full collected group); α·G groups' worth of trajectories fill the replay slots.
+        replay_unit: what one replay draw takes: ``group`` (a whole stored group) or
+            ``trajectory`` (one trajectory); α·G groups' worth of trajectories fill the slots.
+        replay_baseline: what a replayed trajectory's advantage is taken against: ``collected``
+            (its full collected group, computed when stored; items whose advantage is 0 on every
+            turn are never drawn) or ``online`` (A's own on-policy group on the same task in the
+            iteration it is replayed: that group plays the replayed task, and the replay joins it).
         offline_weighting: ``alpha``: loss = (1 − α) L_on + α L_off, each part normalised on its
             own (the paper's J); ``tokens``: one pooled token-mean (each part weighs its share).
         exploration_window: window of the repeated-anchor-visit metric.
@@ -176,6 +179,7 @@ class RSPOLoop(pl.Callback):
         dense_scale: float = 1.0,
         replay_from: str = "explorer",
         replay_unit: str = "trajectory",
+        replay_baseline: str = "collected",
         offline_weighting: str = "alpha",
         exploration_window: int = 4,
         seed: int = 0,
@@ -192,15 +196,19 @@ class RSPOLoop(pl.Callback):
             raise ValueError(f"RSPOLoop dense_scale must be a finite number > 0, got {dense_scale!r}")
         if replay_from not in ("explorer", "history"):
             raise ValueError(f"RSPOLoop replay_from must be 'explorer' or 'history' (RSPO_H), got {replay_from!r}")
+        if replay_baseline not in ("collected", "online"):
+            raise ValueError(f"RSPOLoop replay_baseline must be 'collected' or 'online', got {replay_baseline!r}")
         if offline_weighting not in ("alpha", "tokens"):
             raise ValueError(f"RSPOLoop offline_weighting must be 'alpha' or 'tokens', got {offline_weighting!r}")
         if exploration_window < 1:
             raise ValueError(f"RSPOLoop exploration_window must be >= 1, got {exploration_window}")
         self.k, self.offline_ratio, self.collect_groups = k, offline_ratio, collect_groups
         self.dense_reward, self.explorer_reward, self.replay_from = dense_reward, explorer_reward, replay_from
-        self.dense_scale, self.offline_weighting = dense_scale, offline_weighting
+        self.dense_scale, self.offline_weighting, self.replay_baseline = dense_scale, offline_weighting, replay_baseline
         self.exploration_window = exploration_window
-        self.buffer = ReplayBuffer(capacity=capacity, sampling=sampling, seed=seed, unit=replay_unit, skip_zero_advantage=True)
+        # With the online baseline a replay's advantage is only known once A has played its task.
+        self.buffer = ReplayBuffer(capacity=capacity, sampling=sampling, seed=seed, unit=replay_unit,
+                                   skip_zero_advantage=replay_baseline == "collected")
         self.snapshot: dict | None = None  # agent A's trainable state while B trains
         self.counts = {"a_iterations": 0, "b_iterations": 0, "collected_groups": 0, "loops": 0}
         self._phase = "exploit"
@@ -280,7 +288,8 @@ class RSPOLoop(pl.Callback):
                 world = getattr(trainer, "world_size", 1) or 1
                 rank = getattr(trainer, "global_rank", 0) or 0
                 total = len(batch.tasks) * world
-                mix_replay(batch, self.replay_for(n, total, batch.group_size, rank, world), batch.group_size)
+                mix_replay(batch, self.replay_for(n, total, batch.group_size, rank, world), batch.group_size,
+                           join_online=self.replay_baseline == "online")
             batch.reward_mode, batch.policy_tag = "outcome", "A"
         replayed = sum(len(g) for g in batch.replay)
         played_n = len(batch.tasks) * batch.group_size

@@ -181,7 +181,7 @@ class AgentDataModule(pl.LightningDataModule):
         rank, world = self._rank_world()
         iteration = trainer.lightning_module.iteration
         replay = self.replay_source.replay_for(iteration, self.groups_per_iteration, batch.group_size, rank, world)
-        mix_replay(batch, replay, batch.group_size)
+        mix_replay(batch, replay, batch.group_size, join_online=getattr(self.replay_source, "replay_baseline", "") == "online")
         return batch
 
     def train_dataloader(self) -> DataLoader:
