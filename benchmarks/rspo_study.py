@@ -73,7 +73,7 @@ def main() -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--budget", type=int, default=40000, help="environment steps per run (hard setting)")
     p.add_argument("--quick-budget", type=int, default=15000, help="environment steps per run (quickstart setting)")
-    p.add_argument("--runs", nargs="+", default=MAIN, help=f"runs of the hard setting, all seeds (of {list(RUNS)})")
+    p.add_argument("--runs", nargs="*", default=MAIN, help=f"runs of the hard setting, all seeds (of {list(RUNS)})")
     p.add_argument("--ablations", nargs="*", default=["grpo_rspo_mixed", "grpo_rspo_group"], help="hard-setting runs, first seed only")
     p.add_argument("--quick-runs", nargs="*", default=["grpo", "grpo_rspo"], help="quickstart-setting runs, all seeds")
     p.add_argument("--val-tasks", type=int, default=64)
