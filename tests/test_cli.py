@@ -111,3 +111,32 @@ def test_naming_another_class_switches_to_subclass_mode(tmp_path):
     from rspo_lightning.sft import SFTModule
 
     assert rspo_lightning.SFTModule is SFTModule  # `--model rspo_lightning.SFTModule` resolves
+
+
+def test_a_mistyped_key_suggests_the_nearest_one_in_a_few_lines(tmp_path):
+    out = _run(["fit", "--config", os.path.join(ROOT, "configs", "quickstart.yaml"), "--model.algoritm.estimator", "grpo"], tmp_path)
+    assert out.returncode == 2
+    assert "did you mean 'model.algorithm.estimator'" in out.stderr and "rspo-lightning fit --help" in out.stderr
+    assert len(out.stderr.strip().splitlines()) <= 5  # not the full usage
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("trainer:\n  max_epoch: 3\n")
+    out = _run(["fit", "--config", os.path.join(ROOT, "configs", "quickstart.yaml"), "--config", str(typo)], tmp_path)
+    assert out.returncode == 2 and "did you mean 'trainer.max_epochs'" in out.stderr
+
+
+def test_help_prints_no_lightning_args_warning(tmp_path):
+    out = _run(["fit", "--help"], tmp_path)
+    assert out.returncode == 0 and "--checkpoint.every_n_iterations" in out.stdout
+    assert "args parameter is intended" not in out.stderr
+
+
+def test_test_plays_the_test_split_where_the_env_has_one():
+    from rspo_lightning.config import EnvConfig
+    from rspo_lightning.datamodules import AgentDataModule
+    from rspo_lightning.module import AgentRLModule
+
+    shop = AgentDataModule(env=EnvConfig(env_id="rspo/Shop-v0"), val_splits=["valid"])
+    household = AgentDataModule(env=EnvConfig(), val_splits=["valid_seen", "valid_unseen"])
+    assert shop.test_splits() == ["test"] and household.test_splits() == ["valid_seen", "valid_unseen"]
+    assert [AgentRLModule.metric_prefix(s, "test") for s in ("test", "valid_seen", "valid_unseen")] == ["test", "test_seen", "test_unseen"]
+    assert [AgentRLModule.metric_prefix(s, "val") for s in ("valid", "valid_seen", "valid_unseen")] == ["val", "val", "val_unseen"]
