@@ -87,6 +87,8 @@ def plot_curves(path: str, panels: list[tuple[str, str, dict[str, list[list[tupl
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("success rate")
-    axes[0][-1].legend(loc="lower right", fontsize=8)
+    for ax in axes[0]:  # one legend per panel: panels may hold different runs (and so colours)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper left", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
