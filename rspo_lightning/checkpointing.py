@@ -193,8 +193,3 @@ class IterationCheckpoint(ModelCheckpoint):
         if self.save_top_k != 0:
             self._save_topk_checkpoint(trainer, candidates)
         self._save_last_checkpoint(trainer, candidates)
-
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        state["every_n_iterations"] = self.every_n_iterations
-        return state

@@ -517,7 +517,7 @@ class AgentRLModule(pl.LightningModule):
             return self._skip_iteration()
 
         t1 = time.perf_counter()
-        flat = flatten(all_trajs, batch.reward_mode, getattr(batch, "dense_scale", 1.0))
+        flat = flatten(all_trajs, batch.reward_mode, batch.dense_scale)
         if flat.turns:
             train_batch = make_train_batch(flat, self.engine.pad_id, torch.zeros(len(flat.turns)))
         else:  # nothing of its own: this rank still takes part in the collective steps below
@@ -548,7 +548,7 @@ class AgentRLModule(pl.LightningModule):
         stats = {}
         if self._sum(len(train_batch))[0] > 0:
             self._score(train_batch)
-            stats = self._update(train_batch, getattr(batch, "replay_weight", None))
+            stats = self._update(train_batch, batch.replay_weight)
         update_s = time.perf_counter() - t1
         trained_tokens = int(train_batch.attention_mask.sum()) * self.algo.ppo_epochs
 
@@ -716,7 +716,10 @@ class AgentRLModule(pl.LightningModule):
                 clip_mode=algo.clip_mode)
 
         pg_loss, st = surrogate(mask)  # over every row: the logged policy loss and clip statistics
-        pg_on, pg_off = surrogate(mask & ~rep)[0], surrogate(mask & rep)[0]
+        if bool(rep.any()):
+            pg_on, pg_off = surrogate(mask & ~rep)[0], surrogate(mask & rep)[0]
+        else:  # no replayed rows (every iteration but RSPO's exploit ones): the pooled loss is the on-policy one
+            pg_on, pg_off = pg_loss, torch.zeros_like(pg_loss)
         # critic warm-up: the actor does not move during the first iterations (verl's critic_warmup)
         actor_moves = self.iteration >= self.critic_cfg.warmup_iterations or self.algo.estimator != "gae"
         total = (scale["pg_on"] * pg_on + scale["pg_off"] * pg_off) * (1.0 if actor_moves else 0.0)

@@ -240,6 +240,13 @@ class RSPOLoop(pl.Callback):
         n = replay_groups_per_rank(total_groups, world_size, self.offline_ratio)[rank]
         return self.buffer.sample(n * group_size if self.buffer.unit == "trajectory" else n)
 
+    def mix_into(self, batch: Any, iteration: int, total_groups: int, rank: int = 0, world_size: int = 1) -> None:
+        """Compose ``batch``'s mix for ``iteration``: this rank's replay items (``replay_for``) in
+        place of on-policy groups (``replay.mix_replay``). A replay-aware data module calls it when
+        the iteration starts; without one the callback calls it in ``on_train_batch_start``."""
+        replay = self.replay_for(iteration, total_groups, batch.group_size, rank, world_size)
+        mix_replay(batch, replay, batch.group_size, join_online=self.replay_baseline == "online")
+
     # -- Lightning hooks ----------------------------------------------------------------------
     def setup(self, trainer, pl_module, stage: str) -> None:
         check_rspo_agent(pl_module)
@@ -287,9 +294,7 @@ class RSPOLoop(pl.Callback):
             if not self._mixed_by_data:  # no replay-aware data module: mix here
                 world = getattr(trainer, "world_size", 1) or 1
                 rank = getattr(trainer, "global_rank", 0) or 0
-                total = len(batch.tasks) * world
-                mix_replay(batch, self.replay_for(n, total, batch.group_size, rank, world), batch.group_size,
-                           join_online=self.replay_baseline == "online")
+                self.mix_into(batch, n, len(batch.tasks) * world, rank, world)
             batch.reward_mode, batch.policy_tag = "outcome", "A"
         replayed = sum(len(g) for g in batch.replay)
         played_n = len(batch.tasks) * batch.group_size

@@ -22,7 +22,6 @@ from torch.utils.data import DataLoader, IterableDataset
 from rspo_lightning.batching import REWARD_MODES
 from rspo_lightning.config import EnvConfig
 from rspo_lightning.envs import make_env
-from rspo_lightning.replay import mix_replay
 from rspo_lightning.types import IterationBatch, TaskSpec
 
 
@@ -109,7 +108,7 @@ class AgentDataModule(pl.LightningDataModule):
         self.reward_mode = reward_mode
         self.dense_scale = dense_scale
         # Where replay comes from (RSPOLoop registers itself): an object with
-        # ``replay_for(iteration, total_groups, group_size, rank, world_size) -> list[list[Trajectory]]``.
+        # ``mix_into(batch, iteration, total_groups, rank, world_size)`` that puts replay into the batch.
         self.replay_source = None
         if groups_per_iteration < 1:
             raise ValueError(f"data.groups_per_iteration must be >= 1, got {groups_per_iteration}")
@@ -179,9 +178,7 @@ class AgentDataModule(pl.LightningDataModule):
                 or not isinstance(batch, IterationBatch)):
             return batch
         rank, world = self._rank_world()
-        iteration = trainer.lightning_module.iteration
-        replay = self.replay_source.replay_for(iteration, self.groups_per_iteration, batch.group_size, rank, world)
-        mix_replay(batch, replay, batch.group_size, join_online=getattr(self.replay_source, "replay_baseline", "") == "online")
+        self.replay_source.mix_into(batch, trainer.lightning_module.iteration, self.groups_per_iteration, rank, world)
         return batch
 
     def train_dataloader(self) -> DataLoader:
