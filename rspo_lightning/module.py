@@ -7,6 +7,7 @@ rollout -> reward -> score (old/ref log-probs) -> advantage -> ppo_epochs x mini
 from __future__ import annotations
 
 import contextlib
+import logging
 import copy
 import gc
 import math
@@ -37,6 +38,8 @@ from rspo_lightning.types import IterationBatch, Trajectory, TrainBatch
 
 
 _HEAP_FROZEN = False  # by freeze_startup_heap, and not given back yet
+
+log = logging.getLogger(__name__)
 
 
 def freeze_startup_heap() -> None:
@@ -220,6 +223,9 @@ class AgentRLModule(pl.LightningModule):
                              "{class_path: rspo_lightning.rewards.EnvProgressReward} in YAML, or "
                              "AgentRLModule(dense_reward=rspo_lightning.rewards.EnvProgressReward()) in Python")
 
+        if self.rollout_cfg.backend == "vllm" and not self.algo.recompute_old_logprobs:
+            log.warning("rollout.backend: vllm with algorithm.recompute_old_logprobs: false trains with vLLM's log-probs as "
+                        "the old policy's; its kernels differ from the trainer's (bf16 on GPUs: ~1e-2): keep it true")
         self._check_step_knobs()
         if type(strategy.checkpoint_io) is TorchCheckpointIO:  # written next to the file, renamed, checksummed
             strategy.checkpoint_io = AtomicCheckpointIO()
@@ -330,7 +336,19 @@ class AgentRLModule(pl.LightningModule):
         if was_training:
             self.policy.train()
         on_policy = ~batch.is_replay
+        if self.algo.recompute_old_logprobs:
+            self._log_logprob_mismatch(batch, on_policy)
         batch.behaviour_logprobs[on_policy] = batch.old_logprobs[on_policy]
+
+    def _log_logprob_mismatch(self, batch: TrainBatch, rows: torch.Tensor) -> None:
+        """``rollout/logprob_mismatch_{max,mean}``: |rollout behaviour log-prob − training forward|
+        over the on-policy response tokens (all ranks): ~1e-6 with the hf backend; vLLM's kernels
+        differ from the trainer's."""
+        mask = batch.response_mask[rows]
+        delta = (batch.old_logprobs[rows] - batch.behaviour_logprobs[rows]).abs()[mask]
+        ranks = gather_values([float(delta.sum()), float(delta.numel()), float(delta.max()) if delta.numel() else 0.0], self.device)
+        self.log_dict({"rollout/logprob_mismatch_max": float(ranks[:, 2].max()),
+                       "rollout/logprob_mismatch_mean": float(ranks[:, 0].sum() / ranks[:, 1].sum().clamp(min=1.0))}, on_step=True)
 
     def _fill_logprobs(self, model, batch: TrainBatch, rows: torch.Tensor, target: torch.Tensor) -> None:
         """``target[rows]`` := log-probs under ``model``, in chunks (a chunk's window may be narrower).
@@ -497,6 +515,8 @@ class AgentRLModule(pl.LightningModule):
         scheds = [] if scheds is None else (scheds if isinstance(scheds, list) else [scheds])
         for sched, state in zip(scheds, snapshot["schedulers"]):
             sched.load_state_dict(copy.deepcopy(state))
+        if self.engine is not None:
+            self.engine.mark_weights_changed()
 
     def training_step(self, batch: IterationBatch, batch_idx: int) -> None:
         # With several ranks, every decision below that changes the number of collective steps
@@ -652,6 +672,7 @@ class AgentRLModule(pl.LightningModule):
                     sums["value_loss"] = sums.get("value_loss", 0.0) + self._separate_critic_step(mb, critic_opt, rows)
                 count += 1
         self.lr_schedulers().step()
+        self.engine.mark_weights_changed()
         return {k: v / max(count, 1) for k, v in sums.items()}
 
     def _loss_sizes(self, batch: TrainBatch) -> tuple[float, float]:
@@ -927,6 +948,8 @@ class AgentRLModule(pl.LightningModule):
         if "rspo_dense_reward" in checkpoint and hasattr(self.dense_reward, "load_state_dict"):
             self.dense_reward.load_state_dict(checkpoint["rspo_dense_reward"])
         self._agent_a_from_rspo_state(checkpoint)
+        if self.engine is not None:  # the weights are loaded after this hook, before the next collect
+            self.engine.mark_weights_changed()
 
     def _agent_a_from_rspo_state(self, checkpoint: dict) -> None:
         """A checkpoint written while RSPO's explorer B was active holds B's weights and A's in

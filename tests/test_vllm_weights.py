@@ -1,0 +1,125 @@
+"""The vLLM backend's pure parts, without vLLM: the weights it is sent, the trie path it is
+scored along, and the errors a user gets."""
+
+import copy
+
+import pytest
+import torch
+
+from conftest import EASY_ENV
+from rspo_lightning.config import LoraSettings
+from rspo_lightning.policy import apply_lora
+from rspo_lightning.rollout import ActionTrie, RolloutConfig, RolloutEngine
+from rspo_lightning.types import TaskSpec
+from rspo_lightning.vllm_backend import VLLMConfig, full_state_dict, save_weights
+
+
+def test_full_state_dict_is_the_hf_checkpoint_with_an_explicit_tied_head(tiny_policy):
+    model, _ = tiny_policy
+    state = full_state_dict(model)
+    reference = model.state_dict()
+    assert model.config.tie_word_embeddings
+    assert set(state) == set(reference) | {"lm_head.weight"}
+    for name, tensor in reference.items():
+        assert torch.equal(state[name], tensor) and state[name].data_ptr() != tensor.data_ptr()  # copies
+    assert torch.equal(state["lm_head.weight"], reference["model.embed_tokens.weight"])
+
+
+def test_lora_weights_are_sent_merged_and_the_adapters_stay(tiny_policy, tmp_path):
+    model, _ = tiny_policy
+    peft_model = apply_lora(copy.deepcopy(model), LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():  # trained adapters: B != 0, so merging changes q and v
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    before = {n: p.clone() for n, p in peft_model.named_parameters()}
+    state = full_state_dict(peft_model)
+    merged = copy.deepcopy(peft_model).merge_and_unload().state_dict()
+    assert set(state) == set(merged) | {"lm_head.weight"}
+    for name, tensor in merged.items():
+        assert torch.allclose(state[name], tensor, atol=1e-6), name
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.allclose(state[q], model.state_dict()[q])  # the adapters are in it
+    for name, p in peft_model.named_parameters():  # unmerged again, adapters untouched
+        assert torch.equal(p, before[name]), name
+    path = save_weights(state, str(tmp_path))
+    from safetensors.torch import load_file
+    assert set(load_file(path)) == set(state)
+
+
+def test_trie_path_marks_the_allowed_ids_and_goes_unconstrained_off_the_trie(tiny_policy):
+    model, tok = tiny_policy
+    engine = RolloutEngine(model, tok, RolloutConfig(), EASY_ENV)
+
+    class Stats:
+        stats = {"off_trie_responses": 0}
+
+    engine.vllm = Stats()
+    trie = ActionTrie([[5, 6, 7], [5, 8]])
+    assert engine._trie_path(trie, [5, 8]).tolist() == [[5, -1], [6, 8]]
+    # 9 is not a child of 5's node: that step and the rest are unconstrained (all -1)
+    assert engine._trie_path(trie, [5, 9, 7]).tolist() == [[5], [-1], [-1]]
+    assert engine.vllm.stats["off_trie_responses"] == 1
+    # past a complete path (a trailing eos) is unconstrained, not off the trie
+    assert engine._trie_path(trie, [5, 6, 7, 2]).tolist() == [[5, -1], [6, 8], [7, -1], [-1, -1]]
+    assert engine.vllm.stats["off_trie_responses"] == 1
+
+
+def test_bad_backend_settings_fail_at_startup():
+    with pytest.raises(ValueError, match="rollout.backend must be hf or vllm"):
+        RolloutConfig(backend="sglang")
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        VLLMConfig(gpu_memory_utilization=1.5)
+    with pytest.raises(ValueError, match="rollout.vllm.constraint"):
+        VLLMConfig(constraint="regex")
+    assert RolloutConfig(vllm={"kv_cache_gib": 1.0}).vllm.kv_cache_gib == 1.0
+
+
+def test_missing_vllm_names_the_extra(tiny_policy):
+    pytest.importorskip("torch")
+    import importlib.util
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here; the error path is for environments without it")
+    model, tok = tiny_policy
+    engine = RolloutEngine(model, tok, RolloutConfig(backend="vllm", max_new_tokens=4), EASY_ENV)
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[vllm\]"'):
+        engine.collect([TaskSpec("rspo/Household-v0", "train", 0, group_id=0)], 2)
+
+
+def _gather_on_rank(rank: int, world: int, port: int, out_dir: str) -> None:
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from rspo_lightning.distributed import shard_fsdp2
+    from rspo_lightning.policy import TinyModelConfig, load_policy
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        corpus = ["go to cabinet 1", "take apple 1 from cabinet 1"]
+        model, _ = load_policy("tiny", corpus=corpus, tiny=TinyModelConfig(hidden_size=32, num_heads=2, intermediate_size=64))
+        reference = full_state_dict(model)
+        shard_fsdp2(model, init_device_mesh("cpu", (world,)))
+        assert any(hasattr(p, "full_tensor") for p in model.parameters())  # really sharded
+        gathered = full_state_dict(model)
+        torch.save({"reference": reference, "gathered": gathered}, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_shards_are_gathered_into_the_full_weights(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_gather_on_rank, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        saved = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        assert set(saved["gathered"]) == set(saved["reference"])
+        for name, tensor in saved["reference"].items():
+            assert torch.equal(saved["gathered"][name], tensor), name
