@@ -317,8 +317,9 @@ class AgentRLModule(pl.LightningModule):
             yield self._ref
 
     @torch.no_grad()
-    def _score(self, batch: TrainBatch) -> None:
-        """Fill ``old_logprobs`` (and ``ref_logprobs``) by no-grad forwards in chunks.
+    def _score(self, batch: TrainBatch) -> dict[str, float]:
+        """Fill ``old_logprobs`` (and ``ref_logprobs``) by no-grad forwards in chunks; returns
+        the behaviour/old log-prob mismatch (when old log-probs are recomputed).
 
         On-policy rows get behaviour := old, so the generalised centre c = pi_old / pi_behaviour
         is exactly 1 there (plain PPO); replay rows keep their behaviour log-probs from B.
@@ -336,19 +337,19 @@ class AgentRLModule(pl.LightningModule):
         if was_training:
             self.policy.train()
         on_policy = ~batch.is_replay
-        if self.algo.recompute_old_logprobs:
-            self._log_logprob_mismatch(batch, on_policy)
+        mismatch = self._logprob_mismatch(batch, on_policy) if self.algo.recompute_old_logprobs else {}
         batch.behaviour_logprobs[on_policy] = batch.old_logprobs[on_policy]
+        return mismatch
 
-    def _log_logprob_mismatch(self, batch: TrainBatch, rows: torch.Tensor) -> None:
+    def _logprob_mismatch(self, batch: TrainBatch, rows: torch.Tensor) -> dict[str, float]:
         """``rollout/logprob_mismatch_{max,mean}``: |rollout behaviour log-prob − training forward|
         over the on-policy response tokens (all ranks): ~1e-6 with the hf backend; vLLM's kernels
         differ from the trainer's."""
         mask = batch.response_mask[rows]
         delta = (batch.old_logprobs[rows] - batch.behaviour_logprobs[rows]).abs()[mask]
         ranks = gather_values([float(delta.sum()), float(delta.numel()), float(delta.max()) if delta.numel() else 0.0], self.device)
-        self.log_dict({"rollout/logprob_mismatch_max": float(ranks[:, 2].max()),
-                       "rollout/logprob_mismatch_mean": float(ranks[:, 0].sum() / ranks[:, 1].sum().clamp(min=1.0))}, on_step=True)
+        return {"rollout/logprob_mismatch_max": float(ranks[:, 2].max()),
+                "rollout/logprob_mismatch_mean": float(ranks[:, 0].sum() / ranks[:, 1].sum().clamp(min=1.0))}
 
     def _fill_logprobs(self, model, batch: TrainBatch, rows: torch.Tensor, target: torch.Tensor) -> None:
         """``target[rows]`` := log-probs under ``model``, in chunks (a chunk's window may be narrower).
@@ -567,7 +568,7 @@ class AgentRLModule(pl.LightningModule):
         self.log("train/samples", float(len(train_batch)), on_step=True)
         stats = {}
         if self._sum(len(train_batch))[0] > 0:
-            self._score(train_batch)
+            self.log_dict(self._score(train_batch), on_step=True)
             stats = self._update(train_batch, batch.replay_weight)
         update_s = time.perf_counter() - t1
         trained_tokens = int(train_batch.attention_mask.sum()) * self.algo.ppo_epochs

@@ -123,3 +123,30 @@ def test_fsdp2_shards_are_gathered_into_the_full_weights(tmp_path):
         assert set(saved["gathered"]) == set(saved["reference"])
         for name, tensor in saved["reference"].items():
             assert torch.equal(saved["gathered"][name], tensor), name
+
+
+def test_score_reports_the_behaviour_logprob_mismatch_against_the_training_forward():
+    from rspo_lightning.batching import flatten, make_train_batch
+    from rspo_lightning.config import EnvConfig, PolicyConfig
+    from rspo_lightning.module import AgentRLModule
+    from rspo_lightning.policy import TinyModelConfig
+
+    torch.manual_seed(0)
+    m = AgentRLModule(policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)),
+                      env=EnvConfig(kwargs=EASY_ENV), rollout=RolloutConfig(max_new_tokens=4))
+    m.configure_model()
+    flat = flatten(m.engine.collect([TaskSpec("rspo/Household-v0", "train", i, group_id=i) for i in range(2)], 2))
+    batch = make_train_batch(flat, m.engine.pad_id, torch.zeros(len(flat.turns)))
+    mask = batch.response_mask
+    exact = m._score(batch)  # the hf backend's log-probs are the training forward's
+    assert exact["rollout/logprob_mismatch_max"] < 1e-4
+    # a rollout engine off by +0.3 on one token and -0.1 on all the others
+    batch = make_train_batch(flat, m.engine.pad_id, torch.zeros(len(flat.turns)))
+    first = tuple(mask.nonzero()[0].tolist())
+    shift = torch.where(mask, torch.full_like(batch.behaviour_logprobs, -0.1), torch.zeros_like(batch.behaviour_logprobs))
+    shift[first] = 0.3
+    batch.behaviour_logprobs = batch.behaviour_logprobs + shift
+    off = m._score(batch)
+    n = int(mask.sum())
+    assert off["rollout/logprob_mismatch_max"] == pytest.approx(0.3, abs=1e-4)
+    assert off["rollout/logprob_mismatch_mean"] == pytest.approx((0.3 + 0.1 * (n - 1)) / n, abs=1e-4)
