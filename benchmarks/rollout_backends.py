@@ -71,11 +71,9 @@ def main() -> None:
 
     engines = build(args)
     tasks = [TaskSpec("rspo/Household-v0", "train", i, group_id=i) for i in range(args.tasks)]
-    t0 = time.perf_counter()
-    engines["vllm"].sync_weights()  # the one-time engine build, reported apart
-    build_s = time.perf_counter() - t0
-    for name, engine in engines.items():  # warm-up (first-call allocations, envs)
+    for name, engine in engines.items():  # warm-up (the vLLM engine's build, first-call allocations, envs)
         collect(engine, tasks[:2], 2, seed=10_000)
+    build_s = engines["vllm"].vllm.stats["build_s"]
     rows = {name: [] for name in engines}
     for rep in range(args.repeats):
         order = ["hf", "vllm"] if rep % 2 == 0 else ["vllm", "hf"]

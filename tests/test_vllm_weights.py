@@ -150,3 +150,36 @@ def test_score_reports_the_behaviour_logprob_mismatch_against_the_training_forwa
     n = int(mask.sum())
     assert off["rollout/logprob_mismatch_max"] == pytest.approx(0.3, abs=1e-4)
     assert off["rollout/logprob_mismatch_mean"] == pytest.approx((0.3 + 0.1 * (n - 1)) / n, abs=1e-4)
+
+
+def test_every_weight_change_marks_the_engine_stale():
+    """An update and an RSPO swap (``restore_trainable``) both mark the weights for the next push."""
+    import lightning.pytorch as pl
+
+    from rspo_lightning.config import AlgorithmConfig, EnvConfig, PolicyConfig
+    from rspo_lightning.datamodules import AgentDataModule
+    from rspo_lightning.module import AgentRLModule
+    from rspo_lightning.policy import TinyModelConfig
+
+    class Watch(pl.Callback):
+        marks: list = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            pl_module.engine._weights_stale = False
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.marks.append(pl_module.engine._weights_stale)
+
+    m = AgentRLModule(policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)),
+                      env=EnvConfig(kwargs=EASY_ENV), algorithm=AlgorithmConfig(ppo_epochs=1, drop_zero_advantage=False),
+                      rollout=RolloutConfig(max_new_tokens=4))
+    dm = AgentDataModule(env=EnvConfig(kwargs=EASY_ENV), groups_per_iteration=2, group_size=2, iterations_per_epoch=2, val_splits=[])
+    watch = Watch()
+    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, callbacks=[watch])
+    trainer.fit(m, dm)
+    assert watch.marks == [True, True]  # each iteration's update
+    snapshot = m.snapshot_trainable()
+    m.engine._weights_stale = False
+    m.restore_trainable(snapshot)
+    assert m.engine._weights_stale
