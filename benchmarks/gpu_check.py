@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch import Callback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the CLI imports the Probe callback as benchmarks.gpu_check.Probe
 SMOKE_SHAPE = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128}  # --cpu-smoke: the plumbing only
 SHAPE = {"hidden_size": 1536, "num_layers": 28, "num_heads": 12, "intermediate_size": 8960, "max_position_embeddings": 2048}
 
