@@ -231,9 +231,11 @@ def child(args) -> None:
     Path(args.result).write_text(json.dumps(result))
 
 
-def side(name: str, python: str, args, out: str, task_ids: list[list[int]]) -> dict:
+def side(name: str, python: str, args, out: str, task_ids: list[list[int]], script: str = __file__,
+         extra: list[str] = ()) -> dict:
+    """Run one side (``script --side name``) in its own process; returns its result JSON."""
     result = os.path.join(out, f"{name}.json")
-    cmd = [python, __file__, "--side", name, "--result", result, "--task-ids", json.dumps(task_ids), "--prompts", str(args.prompts), "--micro", str(args.micro),
+    cmd = [python, script, *extra, "--side", name, "--result", result, "--task-ids", json.dumps(task_ids), "--prompts", str(args.prompts), "--micro", str(args.micro),
            "--iterations", str(args.iterations), "--threads", str(args.threads), "--out", out] + (["--smollm2"] if args.smollm2 else [])
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))

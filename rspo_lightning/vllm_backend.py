@@ -43,7 +43,8 @@ class VLLMConfig:
             on a GPU, 2 GiB on a CPU.
         enforce_eager: no CUDA graphs / torch.compile (fast start; off for long GPU runs).
         max_model_len: longest prompt + response; None = the policy's ``max_position_embeddings``.
-        dtype: weights in the engine: ``auto`` = the policy's dtype.
+        dtype: weights in the engine: ``auto`` = the dtype the policy's parameters have when the
+            engine is built (after Lightning's precision plugin: ``bf16-true`` gives bfloat16).
         constraint: how ``rollout.constrained_decoding`` restricts vLLM: ``trie`` (default: the hf
             backend's token trie as a vLLM logits processor; exact for every tokenizer, and the
             behaviour log-probs are renormalised over the very ids training uses) or ``choice``
@@ -200,8 +201,8 @@ class VLLMGenerator:
             generation.save_pretrained(self.directory)
         self.tokenizer.save_pretrained(self.directory)
         self._max_len = self.config.max_model_len or getattr(config, "max_position_embeddings", None)
-        dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None)
-        self._dtype = self.config.dtype if self.config.dtype != "auto" else str(dtype or "float32").replace("torch.", "")
+        dtype = next(model.parameters()).dtype  # what the policy holds now (a precision plugin may have cast it)
+        self._dtype = self.config.dtype if self.config.dtype != "auto" else str(dtype).replace("torch.", "")
         save_weights(full_state_dict(model), self.directory)
 
     def _build(self) -> None:

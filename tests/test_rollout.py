@@ -3,20 +3,10 @@
 import torch
 
 from conftest import EASY_ENV
+from rollout_helpers import forward_logprobs
 from rspo_lightning.batching import flatten, left_pad, make_train_batch
-from rspo_lightning.policy import response_token_logprobs
 from rspo_lightning.rollout import ActionTrie, RolloutConfig, RolloutEngine, TrieConstraint
 from rspo_lightning.types import TaskSpec
-
-
-def _recompute(model, batch, temperature):
-    ids, attn = batch.input_ids, batch.attention_mask
-    window = batch.response_mask.shape[1]
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=window + 1).logits[:, :-1]
-    lp, _ = response_token_logprobs(logits, ids[:, -window:], temperature, batch.allowed_ids)
-    return lp
 
 
 def _play(tiny_policy, constrained, temperature=1.0, n_tasks=4, group=3):
@@ -34,7 +24,7 @@ def _check_exact(tiny_policy, constrained, temperature):
     assert len(trajs) == 12 and all(t.turns for t in trajs)
     flat = flatten(trajs)
     batch = make_train_batch(flat, engine.pad_id, torch.zeros(len(flat.turns)))
-    lp = _recompute(model, batch, temperature)
+    lp = forward_logprobs(model, batch, temperature)
     mask = batch.response_mask
     # Every stored response sits exactly at the end of its row: the tokens trained on are the
     # generated tokens, with no decode/re-encode round trip.

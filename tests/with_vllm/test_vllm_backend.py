@@ -9,29 +9,19 @@ import pytest
 import torch
 
 from conftest import EASY_ENV
+from rollout_helpers import forward_logprobs
 from rspo_lightning.batching import flatten, make_train_batch
 from rspo_lightning.parsing import parse_response
-from rspo_lightning.policy import response_token_logprobs
 from rspo_lightning.rollout import RolloutConfig, RolloutEngine
 from rspo_lightning.types import TaskSpec
 
 TOL = 1e-4  # fp32 on this CPU: measured max |Δ| 5e-7 (tiny), 4.5e-5 (SmolLM2)
 
 
-def _forward_logprobs(model, batch, temperature):
-    ids, attn = batch.input_ids, batch.attention_mask
-    window = batch.response_mask.shape[1]
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=window + 1).logits[:, :-1]
-    lp, _ = response_token_logprobs(logits, ids[:, -window:], temperature, batch.allowed_ids)
-    return lp
-
-
 def _mismatch(model, engine, trajs, temperature):
     flat = flatten(trajs)
     batch = make_train_batch(flat, engine.pad_id, torch.zeros(len(flat.turns)))
-    lp = _forward_logprobs(model, batch, temperature)
+    lp = forward_logprobs(model, batch, temperature)
     for i, turn in enumerate(flat.turns):  # the stored response is exactly the generated ids, at the row's end
         assert torch.equal(batch.input_ids[i, -len(turn.response_ids):], turn.response_ids)
     return float((lp - batch.behaviour_logprobs).abs()[batch.response_mask].max())
