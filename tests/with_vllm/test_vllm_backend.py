@@ -82,6 +82,26 @@ def test_engine_generates_from_pushed_weights(vllm_engine):
     assert _mismatch(model, engine, fresh, 1.0) < TOL
 
 
+def test_a_failed_reload_rebuilds_the_engine_with_the_new_weights(vllm_engine, monkeypatch):
+    model, _, engine = vllm_engine
+    torch.manual_seed(4)
+    engine.collect(_tasks(1), 2)
+    old_llm = engine.vllm.llm
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("EngineDeadError (simulated)")
+
+    monkeypatch.setattr(old_llm, "collective_rpc", broken)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    engine.mark_weights_changed()
+    torch.manual_seed(5)
+    trajs = engine.collect(_tasks(2), 2)
+    assert engine.vllm.llm is not old_llm  # a new engine, built from the pushed file
+    assert _mismatch(model, engine, trajs, 1.0) < TOL
+
+
 def test_same_seed_same_samples(vllm_engine):
     _, _, engine = vllm_engine
     runs = []
