@@ -13,16 +13,9 @@ from __future__ import annotations
 import torch
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
+from rspo_lightning.rollout import ActionTrie
+
 CHOICES_KEY = "rspo_choices"
-
-
-def _trie(choices) -> dict:
-    root: dict = {}
-    for seq in choices:
-        node = root
-        for tok in seq:
-            node = node.setdefault(int(tok), {})
-    return root
 
 
 class TrieLogitsProcessor(AdapterLogitsProcessor):
@@ -44,7 +37,7 @@ class TrieLogitsProcessor(AdapterLogitsProcessor):
         if root is None:
             if len(self._tries) > 20000:
                 self._tries.clear()
-            root = self._tries[key] = _trie(choices)
+            root = self._tries[key] = ActionTrie(choices).root
 
         def constrain(output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
             node = root
