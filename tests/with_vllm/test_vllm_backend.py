@@ -102,6 +102,49 @@ def test_a_failed_reload_rebuilds_the_engine_with_the_new_weights(vllm_engine, m
     assert _mismatch(model, engine, trajs, 1.0) < TOL
 
 
+_OWN_PROCESS = """
+import json, sys, torch
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+from conftest import EASY_ENV, HEAD32
+from test_vllm_backend import _mismatch, _tasks
+from rspo_lightning.envs import make_env
+from rspo_lightning.policy import TinyModelConfig, load_policy
+from rspo_lightning.prompts import template_texts
+from rspo_lightning.rollout import RolloutConfig, RolloutEngine
+
+if __name__ == "__main__":
+    corpus = make_env("rspo/Household-v0", **EASY_ENV).unwrapped.sample_texts() + template_texts()
+    model, tok = load_policy("tiny", corpus=corpus, tiny=TinyModelConfig(**HEAD32))
+    engine = RolloutEngine(model, tok, RolloutConfig(backend="vllm", max_new_tokens=10, vllm={"in_process": False}), EASY_ENV)
+    torch.manual_seed(0)
+    before = _mismatch(model, engine, engine.collect(_tasks(2), 2), 1.0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    engine.mark_weights_changed()
+    torch.manual_seed(1)
+    after = _mismatch(model, engine, engine.collect(_tasks(2), 2), 1.0)
+    engine.shutdown()
+    print(json.dumps({"before": before, "after": after}))
+"""
+
+
+def test_an_engine_in_its_own_process_follows_the_weights(tmp_path):
+    """``rollout.vllm.in_process: false``: the engine core runs in a process of its own (spawned)
+    and the push reaches it through ``collective_rpc``. Run in a fresh interpreter: a spawned
+    engine's shutdown tears down vLLM's in-process state that the other tests' engine uses."""
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = tmp_path / "own_process.py"
+    script.write_text(_OWN_PROCESS)
+    proc = subprocess.run([sys.executable, str(script), here, os.path.dirname(here)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["before"] < TOL and result["after"] < TOL, result
+
+
 def test_same_seed_same_samples(vllm_engine):
     _, _, engine = vllm_engine
     runs = []
