@@ -7,9 +7,9 @@ rollout -> reward -> score (old/ref log-probs) -> advantage -> ppo_epochs x mini
 from __future__ import annotations
 
 import contextlib
-import logging
 import copy
 import gc
+import logging
 import math
 import os
 import time

@@ -261,26 +261,21 @@ class RolloutEngine:
         before it generates again. A no-op for the hf backend, which generates with the policy itself."""
         self._weights_stale = True
 
-    def sync_weights(self) -> float:
-        """Build the vLLM engine or push the policy's current weights into it when they changed;
-        returns the seconds spent (0 when nothing was due). Under several ranks every rank calls
-        it together (sharded weights are gathered)."""
+    def sync_weights(self) -> None:
+        """Build the vLLM engine, or push the policy's current weights into it when they changed
+        (a no-op for the hf backend). Under several ranks every rank calls it together (sharded
+        weights are gathered)."""
         if self.config.backend != "vllm":
-            return 0.0
-        if self.vllm is not None:
-            self.vllm.wake_up()
-        if self.vllm is None:
-            t0 = time.perf_counter()
+            return
+        if self.vllm is None:  # built from the current weights: nothing to push
             close_ids, close_string = self._stops
             self.vllm = VLLMGenerator(self.model, self.tokenizer, self.config.vllm, self.config.max_new_tokens,
                                       close_ids.tolist(), ACTION_CLOSE if close_string is not None else None,
                                       top_p=self.config.top_p)
-            self._weights_stale = False
-            return time.perf_counter() - t0
-        if not self._weights_stale:
-            return 0.0
+        elif self._weights_stale:
+            self.vllm.wake_up()  # a sleeping engine's weights are offloaded: reload into the awake one
+            self.vllm.push(self.model)
         self._weights_stale = False
-        return self.vllm.push(self.model)
 
     def shutdown(self) -> None:
         """Close the environments and the vLLM engine."""
@@ -475,7 +470,7 @@ class RolloutEngine:
 
     def _dummy_generate(self) -> None:
         """A generate call on a one-token prompt that only keeps this rank's forwards in step with the others."""
-        if self.vllm is not None:  # each rank's engine is its own: nothing to keep in step
+        if self.config.backend == "vllm":  # each rank's engine is its own: nothing to keep in step
             return
         device = next(self.model.parameters()).device
         prompt = torch.tensor([[self.pad_id]], device=device)
@@ -555,19 +550,19 @@ class RolloutEngine:
         if self.vllm is None:
             self.sync_weights()
         t0 = time.perf_counter()
-        choices = None
-        if self.config.constrained_decoding and self.config.vllm.constraint == "choice":
-            choices = [[f"{ACTION_OPEN} {a} {ACTION_CLOSE}" for a in dict.fromkeys(acts)] for acts in admissible]
-        elif self.config.constrained_decoding:  # the trie's sequences: the ids action_response_ids gives
-            for acts in admissible:
-                self._trie(acts)
-            choices = [[self._action_ids[a] for a in dict.fromkeys(acts)] for acts in admissible]
+        choices = tries = None
+        if self.config.constrained_decoding:
+            tries = [self._trie(acts) for acts in admissible]  # also tokenises the actions into _action_ids
+            if self.config.vllm.constraint == "choice":
+                choices = [[f"{ACTION_OPEN} {a} {ACTION_CLOSE}" for a in dict.fromkeys(acts)] for acts in admissible]
+            else:  # the trie's own sequences
+                choices = [[self._action_ids[a] for a in dict.fromkeys(acts)] for acts in admissible]
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()  # from the seeded torch RNG: reproducible
         ids, lps = self.vllm.generate(prompts, temperature, greedy, choices, seeds)
         self.stats["generate_s"] += time.perf_counter() - t0
         allowed: list[torch.Tensor | None] = [None] * len(prompts)
-        if self.config.constrained_decoding:
-            allowed = [self._trie_path(self._trie(acts), toks) for acts, toks in zip(admissible, ids)]
+        if tries is not None:
+            allowed = [self._trie_path(trie, toks) for trie, toks in zip(tries, ids)]
         self.stats["generated_tokens"] += sum(len(t) for t in ids)
         return ([torch.tensor(p, dtype=torch.long) for p in prompts], [torch.tensor(t, dtype=torch.long) for t in ids],
                 [torch.tensor(x, dtype=torch.float32) for x in lps], allowed)

@@ -30,6 +30,7 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
+CHOICES_KEY = "rspo_choices"  # SamplingParams.extra_args key of a request's allowed token sequences (vllm_trie.py)
 
 
 @dataclass
@@ -53,9 +54,9 @@ class VLLMConfig:
         enable_sleep_mode: after each collect the engine sleeps (level 1: weights to CPU memory,
             KV cache freed) and wakes at the next one, so the update has the GPU's memory (GPU
             vLLM only: on the CPU build sleep mode does nothing). Not run here: no GPU.
-        in_process: run vLLM's engine core in the trainer process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``;
-            on this CPU 8 s to load instead of 28-49 s). False = its own process (needs an
-            ``if __name__ == "__main__":`` guard in a calling script, as vLLM spawns).
+        in_process: run vLLM's engine core in the trainer process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``:
+            faster to start). False = its own process (needs an ``if __name__ == "__main__":``
+            guard in a calling script, as vLLM spawns).
         weights_dir: where the pushed safetensors file is written; None = a temporary directory
             in /dev/shm (RAM) when it exists, removed at ``close``.
     """
@@ -286,7 +287,7 @@ class VLLMGenerator:
                 from vllm.sampling_params import StructuredOutputsParams
                 extra["structured_outputs"] = StructuredOutputsParams(choice=list(choices[i]))
             elif choices is not None:
-                extra["extra_args"] = {"rspo_choices": [list(map(int, c)) for c in choices[i]]}
+                extra["extra_args"] = {CHOICES_KEY: [list(map(int, c)) for c in choices[i]]}
             params.append(sp_mod(
                 n=1, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else self.top_p, top_k=0,
                 max_tokens=self.max_new_tokens, logprobs=0, stop_token_ids=self.stop_ids,

@@ -14,8 +14,7 @@ import torch
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
 from rspo_lightning.rollout import ActionTrie
-
-CHOICES_KEY = "rspo_choices"
+from rspo_lightning.vllm_backend import CHOICES_KEY
 
 
 class TrieLogitsProcessor(AdapterLogitsProcessor):
