@@ -21,7 +21,7 @@ from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 from torch.distributed.tensor import DTensor
 
 from rspo_lightning import advantages as adv
-from rspo_lightning import losses
+from rspo_lightning import losses, partner_loss
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from rspo_lightning.batching import FlatTurns, flatten, make_train_batch, positions_from_mask
@@ -30,7 +30,8 @@ from rspo_lightning.config import GROUP_RELATIVE, AlgorithmConfig, EnvConfig, Op
 from rspo_lightning.critic import CriticConfig, SeparateCritic
 from rspo_lightning.distributed import all_max, all_sum, gather_values, is_sharded, merge_over_ranks, shard_fsdp2, world_size
 from rspo_lightning.envs import make_env
-from rspo_lightning.policy import ValueHead, apply_lora, frozen_copy, hidden_size_of, load_policy, response_token_logprobs
+from rspo_lightning.losses import response_token_logprobs
+from rspo_lightning.policy import ValueHead, apply_lora, frozen_copy, hidden_size_of, load_policy
 from rspo_lightning.prompts import template_texts
 from rspo_lightning.rewards import DenseReward, assign_dense_rewards
 from rspo_lightning.rollout import RolloutConfig, RolloutEngine
@@ -767,10 +768,10 @@ class AgentRLModule(pl.LightningModule):
             if actor_moves:
                 total = total + reg_scale * algo.kl_coef * kl
         if swap.coef > 0 and actor_moves:
-            lam = losses.swap_lambda(self.iteration, swap.coef, swap.warmup_iterations)
+            lam = partner_loss.partner_coefficient(self.iteration, swap.coef, swap.warmup_iterations)
             gen = torch.Generator().manual_seed(self.seed * 100003 + self.iteration)
             adv_rows = mb.advantages.to(dev)
-            swap_loss, swap_stats = losses.swap_partner_loss(
+            swap_loss, swap_stats = partner_loss.partner_loss(
                 logprobs, mb.old_logprobs.to(dev), adv_rows, mask, embeddings=state.detach(), rewards=adv_rows,
                 strategy=swap.strategy, num_partners=swap.num_partners, beta_s=swap.beta_s, p_swap=swap.p_swap,
                 eps_low=algo.clip_eps_low, eps_high=algo.clip_eps_high, agg=algo.loss_agg,

@@ -9,9 +9,10 @@ reward of turn t is then r_t = c_t + grounding·[turn t's action was valid] (the
 ``ProcessRewardModelReward``).
 
 - ``ProcessRewardModule`` trains it (``rspo-lightning fit --config configs/household/prm.yaml``);
-- ``TrajectoryEpisodeDataModule`` feeds it whole trajectories (one sample = one episode);
-- ``ProcessRewardModelReward`` is the trained model as a ``DenseReward`` source
-  (``rspo_lightning.rewards``).
+- ``rspo_lightning.datamodules.TrajectoryEpisodeDataModule`` feeds it whole trajectories (one
+  sample = one episode);
+- ``rspo_lightning.rewards.ProcessRewardModelReward`` is the trained model as a ``DenseReward``
+  source, next to the other dense rewards.
 
 Deviations from the paper and its released code (``prm/train_our_progress_model.py``):
 
@@ -43,10 +44,9 @@ from contextlib import nullcontext
 import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
 
 from rspo_lightning.config import OptimConfig, PolicyConfig
-from rspo_lightning.datamodules.trajectory import TrajectoryDataModule
+from rspo_lightning.datamodules.trajectory import EpisodeBatch
 from rspo_lightning.policy import hidden_size_of, load_policy
 from rspo_lightning.types import Trajectory
 
@@ -210,92 +210,6 @@ class ProgressHead(nn.Module):
 
 
 # --------------------------------------------------------------------------- data
-
-
-class EpisodeBatch:
-    """A batch of whole trajectories (``trajectories: list[Trajectory]``).
-
-    Deliberately neither a dataclass nor a sequence: Lightning's device transfer then leaves it
-    as it is, so the trajectories stay on the CPU; ``ProcessRewardModule.encode`` tokenises their
-    observations, packs and pads them and moves only the resulting tensors.
-    """
-
-    __slots__ = ("trajectories",)
-
-    def __init__(self, trajectories: list[Trajectory]):
-        self.trajectories = trajectories
-
-    def __len__(self) -> int:
-        return len(self.trajectories)
-
-
-def collate_episodes(trajectories: list[Trajectory]) -> EpisodeBatch:
-    """DataLoader ``collate_fn``: trajectories -> ``EpisodeBatch`` (module level: workers pickle it)."""
-    if not trajectories:
-        raise ValueError("collate_episodes got an empty batch")
-    return EpisodeBatch(list(trajectories))
-
-
-class _EpisodeDataset(Dataset):
-    def __init__(self, trajectories: list[Trajectory]):
-        self.trajectories = trajectories
-
-    def __len__(self) -> int:
-        return len(self.trajectories)
-
-    def __getitem__(self, i: int) -> Trajectory:
-        return self.trajectories[i]
-
-
-class TrajectoryEpisodeDataModule(TrajectoryDataModule):
-    """Whole trajectories (one sample = one episode) from trajectory JSONL files, for the PRM.
-
-    ``TrajectoryDataModule`` shuffles single turns, which scatters an episode over batches; a
-    process reward model regresses a sum over all turns of an episode, so it needs episodes
-    whole. This reuses ``TrajectoryDataModule``'s loading and by-trajectory hold-out split and
-    only changes what a sample is. Trajectories without turns are left out.
-
-    Args:
-        train_path: JSONL file of trajectories (``rspo_lightning.trajectory_io.save_trajectories``);
-            mix won and lost episodes, or the model has nothing to attribute.
-        val_path: JSONL file of validation trajectories; None = hold out ``val_fraction`` of
-            ``train_path``'s trajectories.
-        batch_size: trajectories per batch.
-        val_fraction: share of the training trajectories held out for validation when
-            ``val_path`` is None; 0 = no validation.
-        seed: seed of the hold-out split and of the shuffling.
-        num_workers: DataLoader worker processes.
-    """
-
-    def __init__(
-        self,
-        train_path: str,
-        val_path: str | None = None,
-        batch_size: int = 8,
-        val_fraction: float = 0.05,
-        seed: int = 0,
-        num_workers: int = 0,
-    ):
-        super().__init__(train_path, val_path=val_path, batch_size=batch_size, val_fraction=val_fraction, seed=seed,
-                         num_workers=num_workers)
-        self.train_episodes: list[Trajectory] = []
-        self.val_episodes: list[Trajectory] = []
-
-    def setup(self, stage: str | None = None) -> None:
-        super().setup(stage)
-        self.train_episodes = [t for t in self.train_trajectories if t.turns]
-        self.val_episodes = [t for t in self.val_trajectories if t.turns]
-
-    def train_dataloader(self) -> DataLoader:
-        gen = torch.Generator().manual_seed(self.seed)
-        return DataLoader(_EpisodeDataset(self.train_episodes), batch_size=self.batch_size, shuffle=True, generator=gen,
-                          collate_fn=collate_episodes, num_workers=self.num_workers)
-
-    def val_dataloader(self) -> DataLoader | list:
-        if not self.val_episodes:
-            return []
-        return DataLoader(_EpisodeDataset(self.val_episodes), batch_size=self.batch_size, shuffle=False,
-                          collate_fn=collate_episodes, num_workers=self.num_workers)
 
 
 # --------------------------------------------------------------------------- the model
@@ -524,87 +438,8 @@ class ProcessRewardModule(pl.LightningModule):
 # --------------------------------------------------------------------------- dense reward
 
 
-def _load_checkpoint(path: str, map_location) -> ProcessRewardModule:
+def load_checkpoint(path: str, map_location) -> ProcessRewardModule:
     """A Lightning ``.ckpt`` of a PRM fit, unpickled with ``weights_only=True`` (only the config
     dataclasses of its hyper-parameters are allow-listed)."""
     # the config dataclasses are allow-listed where they are defined (rspo_lightning.config)
     return ProcessRewardModule.load_from_checkpoint(path, map_location=map_location, weights_only=True)
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def grounding_bonus(grounding: float | None, success_reward: float, max_steps: int) -> float:
-    """The per-valid-turn grounding bonus ``ProcessRewardModelReward`` adds (see its docstring).
-
-    None -> ``success_reward / (2 * max_steps)``; an explicit value is returned as a float once
-    ``grounding * max_steps < success_reward`` holds.
-
-    Raises:
-        ValueError: ``success_reward`` not a finite number > 0, ``max_steps`` not an integer
-            >= 1, ``grounding`` not a finite number or None, or a bonus that lets ``max_steps``
-            valid turns earn at least ``success_reward``.
-    """
-    if not (_is_number(success_reward) and 0 < success_reward < float("inf")):
-        raise ValueError(f"success_reward must be a finite number > 0 (the env's reward for a win), got {success_reward!r}")
-    if not (isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps >= 1):
-        raise ValueError(f"max_steps must be an integer >= 1 (the env's episode length cap), got {max_steps!r}")
-    if grounding is None:
-        return float(success_reward) / (2 * max_steps)
-    if not (_is_number(grounding) and abs(grounding) < float("inf")):
-        raise ValueError(f"grounding must be a finite number or None, got {grounding!r}")
-    if grounding * max_steps >= success_reward:
-        raise ValueError(
-            f"grounding={grounding} per valid turn over max_steps={max_steps} turns earns {grounding * max_steps:g}, "
-            f"not less than success_reward={success_reward}: a failing episode would out-earn a win. Use grounding < "
-            f"{success_reward / max_steps:g} (None = success_reward / (2 * max_steps) = {success_reward / (2 * max_steps):g}), "
-            f"or pass the env's actual success_reward and max_steps"
-        )
-    return float(grounding)
-
-
-class ProcessRewardModelReward:
-    """Dense reward from a trained SPA-RL progress estimator: r_t = c_t + grounding·[turn t valid].
-
-    Implements ``rspo_lightning.rewards.DenseReward``. The model scores the whole trajectory in
-    one forward pass; c_t depends on the episode up to action t only.
-
-    Args:
-        model: a ``ProcessRewardModule`` (built), a directory written by
-            ``ProcessRewardModule.save_pretrained`` (a PRM fit exports ``<log_dir>/prm``), or a
-            Lightning ``.ckpt`` of a PRM fit (its ``model.policy.source`` must still exist).
-            Loading never runs checkpoint code: weights only, ``trust_remote_code`` as the
-            checkpoint's policy config says (off by default).
-        grounding: bonus of a turn whose action was valid (``turn.valid``). None (default) =
-            ``success_reward / (2 * max_steps)`` (0.1 with the defaults), so valid turns alone
-            earn at most half a win over an episode. An explicit value must satisfy
-            ``grounding * max_steps < success_reward``, else a failing episode of valid turns
-            would out-earn a win (SPA-RL's 0.5 fails this with 10 and 50: 25 >= 10); 0 turns
-            the bonus off.
-        success_reward: the env's reward on the winning turn (Household / ALFWorld default 10).
-        max_steps: the env's episode length cap (Household / ALFWorld default 50).
-        device: where the model runs; None = where it already is (``cpu`` when loaded from disk).
-    """
-
-    def __init__(self, model: ProcessRewardModule | str, grounding: float | None = None, device: str | None = None,
-                 success_reward: float = 10.0, max_steps: int = 50):
-        self.grounding = grounding_bonus(grounding, success_reward, max_steps)
-        if isinstance(model, str):
-            if os.path.isdir(model):
-                model = ProcessRewardModule.from_pretrained(model)
-            elif os.path.isfile(model):
-                model = _load_checkpoint(model, "cpu")
-            else:
-                raise FileNotFoundError(f"ProcessRewardModelReward: {model!r} is neither a save_pretrained directory nor a "
-                                        f"checkpoint file; train one with `rspo-lightning fit --config configs/household/prm.yaml`")
-        if not isinstance(model, ProcessRewardModule):
-            raise TypeError(f"ProcessRewardModelReward needs a ProcessRewardModule or a path, got {type(model).__name__}")
-        model.configure_model()
-        if device is not None:
-            model = model.to(device)
-        self.model = model.eval()
-
-    def turn_rewards(self, trajectory: Trajectory) -> list[float]:
-        values = self.model.turn_values([trajectory])[0]
-        return [c + (self.grounding if turn.valid else 0.0) for c, turn in zip(values, trajectory.turns)]

@@ -9,16 +9,20 @@ per turn; the ``DenseReward`` Protocol). ``assign_dense_rewards`` writes them in
 
 Sources here: ``EnvProgressReward`` (progress deltas from the env's ``info["progress"]``) and
 ``NoisyReward`` (Gaussian noise on another source, for the robustness ablation). The learned
-SPA-RL process reward model is ``rspo_lightning.prm.ProcessRewardModelReward``.
+SPA-RL process reward model is ``ProcessRewardModelReward`` (trained by ``rspo_lightning.prm``).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import random
-from typing import Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 from rspo_lightning.types import Trajectory
+
+if TYPE_CHECKING:
+    from rspo_lightning.prm import ProcessRewardModule
 
 
 @runtime_checkable
@@ -96,3 +100,84 @@ class NoisyReward:
 def _as_tuple(value):
     """random.Random state survives a checkpoint round trip as lists; setstate needs tuples."""
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def grounding_bonus(grounding: float | None, success_reward: float, max_steps: int) -> float:
+    """The per-valid-turn grounding bonus ``ProcessRewardModelReward`` adds (see its docstring).
+
+    None -> ``success_reward / (2 * max_steps)``; an explicit value is returned as a float once
+    ``grounding * max_steps < success_reward`` holds.
+
+    Raises:
+        ValueError: ``success_reward`` not a finite number > 0, ``max_steps`` not an integer
+            >= 1, ``grounding`` not a finite number or None, or a bonus that lets ``max_steps``
+            valid turns earn at least ``success_reward``.
+    """
+    if not (_is_number(success_reward) and 0 < success_reward < float("inf")):
+        raise ValueError(f"success_reward must be a finite number > 0 (the env's reward for a win), got {success_reward!r}")
+    if not (isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps >= 1):
+        raise ValueError(f"max_steps must be an integer >= 1 (the env's episode length cap), got {max_steps!r}")
+    if grounding is None:
+        return float(success_reward) / (2 * max_steps)
+    if not (_is_number(grounding) and abs(grounding) < float("inf")):
+        raise ValueError(f"grounding must be a finite number or None, got {grounding!r}")
+    if grounding * max_steps >= success_reward:
+        raise ValueError(
+            f"grounding={grounding} per valid turn over max_steps={max_steps} turns earns {grounding * max_steps:g}, "
+            f"not less than success_reward={success_reward}: a failing episode would out-earn a win. Use grounding < "
+            f"{success_reward / max_steps:g} (None = success_reward / (2 * max_steps) = {success_reward / (2 * max_steps):g}), "
+            f"or pass the env's actual success_reward and max_steps"
+        )
+    return float(grounding)
+
+
+class ProcessRewardModelReward:
+    """Dense reward from a trained SPA-RL progress estimator: r_t = c_t + grounding·[turn t valid].
+
+    Implements ``rspo_lightning.rewards.DenseReward``. The model scores the whole trajectory in
+    one forward pass; c_t depends on the episode up to action t only.
+
+    Args:
+        model: a ``ProcessRewardModule`` (built), a directory written by
+            ``ProcessRewardModule.save_pretrained`` (a PRM fit exports ``<log_dir>/prm``), or a
+            Lightning ``.ckpt`` of a PRM fit (its ``model.policy.source`` must still exist).
+            Loading never runs checkpoint code: weights only, ``trust_remote_code`` as the
+            checkpoint's policy config says (off by default).
+        grounding: bonus of a turn whose action was valid (``turn.valid``). None (default) =
+            ``success_reward / (2 * max_steps)`` (0.1 with the defaults), so valid turns alone
+            earn at most half a win over an episode. An explicit value must satisfy
+            ``grounding * max_steps < success_reward``, else a failing episode of valid turns
+            would out-earn a win (SPA-RL's 0.5 fails this with 10 and 50: 25 >= 10); 0 turns
+            the bonus off.
+        success_reward: the env's reward on the winning turn (Household / ALFWorld default 10).
+        max_steps: the env's episode length cap (Household / ALFWorld default 50).
+        device: where the model runs; None = where it already is (``cpu`` when loaded from disk).
+    """
+
+    def __init__(self, model: "ProcessRewardModule | str", grounding: float | None = None, device: str | None = None,
+                 success_reward: float = 10.0, max_steps: int = 50):
+        from rspo_lightning.prm import ProcessRewardModule, load_checkpoint  # a model: loaded only when used
+
+        self.grounding = grounding_bonus(grounding, success_reward, max_steps)
+        if isinstance(model, str):
+            if os.path.isdir(model):
+                model = ProcessRewardModule.from_pretrained(model)
+            elif os.path.isfile(model):
+                model = load_checkpoint(model, "cpu")
+            else:
+                raise FileNotFoundError(f"ProcessRewardModelReward: {model!r} is neither a save_pretrained directory nor a "
+                                        f"checkpoint file; train one with `rspo-lightning fit --config configs/household/prm.yaml`")
+        if not isinstance(model, ProcessRewardModule):
+            raise TypeError(f"ProcessRewardModelReward needs a ProcessRewardModule or a path, got {type(model).__name__}")
+        model.configure_model()
+        if device is not None:
+            model = model.to(device)
+        self.model = model.eval()
+
+    def turn_rewards(self, trajectory: Trajectory) -> list[float]:
+        values = self.model.turn_values([trajectory])[0]
+        return [c + (self.grounding if turn.valid else 0.0) for c, turn in zip(values, trajectory.turns)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
-from rspo_lightning.rollout import ActionTrie
+from rspo_lightning.trie import ActionTrie
 from rspo_lightning.vllm_backend import CHOICES_KEY
 
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from rspo_lightning.policy import response_token_logprobs
+from rspo_lightning.losses import response_token_logprobs
 
 
 def forward_logprobs(model, batch, temperature):

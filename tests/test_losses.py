@@ -11,7 +11,6 @@ from torch.testing import assert_close
 from rspo_lightning.losses import (
     aggregate,
     clipped_surrogate,
-    entropy_from_logits,
     kl_penalty,
     masked_mean,
     value_loss,
@@ -328,19 +327,6 @@ def test_kl_penalty_by_hand():
     close(kl_penalty(far_logp, far_ref, "low_var_kl"), [10.0])
     with pytest.raises(ValueError, match="kind"):
         kl_penalty(logp, ref, "k2")
-
-
-def test_entropy():
-    close(entropy_from_logits(torch.zeros(2, 4, 7, dtype=torch.float64)), [[LOG(7)] * 4] * 2)
-    close(entropy_from_logits(t([1000.0, 1000.0, 1000.0])), LOG(3))  # stable for large logits
-    # p = (0.5, 0.25, 0.25): H = 0.5 log 2 + 2 * 0.25 log 4 = 1.5 log 2
-    close(entropy_from_logits(t([LOG(0.5), LOG(0.25), LOG(0.25)])), 1.5 * LOG(2))
-    logits = t([0.0, 0.0, float("-inf")]).requires_grad_(True)
-    h = entropy_from_logits(logits)
-    close(h, LOG(2))
-    h.backward()
-    assert torch.isfinite(logits.grad).all()
-    assert entropy_from_logits(torch.zeros(3, 5, dtype=torch.bfloat16)).dtype == torch.float32
 
 
 def test_value_loss_by_hand():

@@ -9,13 +9,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
+from rspo_lightning.losses import response_token_logprobs
 from rspo_lightning.policy import (
     TinyModelConfig,
     ValueHead,
     frozen_copy,
     hidden_size_of,
     load_policy,
-    response_token_logprobs,
 )
 
 CORPUS = [

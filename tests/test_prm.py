@@ -10,16 +10,9 @@ import pytest
 import torch
 
 from rspo_lightning.config import OptimConfig, PolicyConfig
-from rspo_lightning.prm import (
-    ProcessRewardModelReward,
-    ProcessRewardModule,
-    ProgressHead,
-    TrajectoryEpisodeDataModule,
-    grounding_bonus,
-    pack_episode,
-    prm_loss,
-)
-from rspo_lightning.rewards import DenseReward, assign_dense_rewards
+from rspo_lightning.datamodules import TrajectoryEpisodeDataModule
+from rspo_lightning.prm import ProcessRewardModule, ProgressHead, pack_episode, prm_loss
+from rspo_lightning.rewards import DenseReward, ProcessRewardModelReward, assign_dense_rewards, grounding_bonus
 from rspo_lightning.trajectory_io import save_trajectories
 from rspo_lightning.types import TaskSpec, Trajectory, Turn
 

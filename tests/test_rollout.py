@@ -5,7 +5,8 @@ import torch
 from conftest import EASY_ENV
 from rollout_helpers import forward_logprobs
 from rspo_lightning.batching import flatten, left_pad, make_train_batch
-from rspo_lightning.rollout import ActionTrie, RolloutConfig, RolloutEngine, TrieConstraint
+from rspo_lightning.rollout import RolloutConfig, RolloutEngine
+from rspo_lightning.trie import ActionTrie, TrieConstraint
 from rspo_lightning.types import TaskSpec
 
 

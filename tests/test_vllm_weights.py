@@ -9,7 +9,8 @@ import torch
 from conftest import EASY_ENV
 from rspo_lightning.config import LoraSettings
 from rspo_lightning.policy import apply_lora
-from rspo_lightning.rollout import ActionTrie, RolloutConfig, RolloutEngine
+from rspo_lightning.rollout import RolloutConfig, RolloutEngine
+from rspo_lightning.trie import ActionTrie
 from rspo_lightning.types import TaskSpec
 from rspo_lightning.vllm_backend import VLLMConfig, full_state_dict, save_weights
 

@@ -1,6 +1,6 @@
 """Lightning data modules."""
 
 from rspo_lightning.datamodules.agent import AgentDataModule
-from rspo_lightning.datamodules.trajectory import TrajectoryDataModule
+from rspo_lightning.datamodules.trajectory import TrajectoryDataModule, TrajectoryEpisodeDataModule
 
-__all__ = ["AgentDataModule", "TrajectoryDataModule"]
+__all__ = ["AgentDataModule", "TrajectoryDataModule", "TrajectoryEpisodeDataModule"]

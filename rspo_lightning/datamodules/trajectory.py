@@ -1,4 +1,5 @@
-"""TrajectoryDataModule: per-turn samples from recorded trajectories (JSONL) for SFT and reward models.
+"""Data modules over recorded trajectories (JSONL): ``TrajectoryDataModule`` (one sample = one turn,
+for SFT) and ``TrajectoryEpisodeDataModule`` (one sample = one episode, for the process reward model).
 
 Each turn of each trajectory is one sample: its prompt ids and response ids, plus where it came
 from (trajectory index, turn index) and the trajectory's outcome, so a process-reward model can
@@ -90,15 +91,15 @@ def collate_turns(samples: list[dict[str, Any]], pad_id: int = 0) -> dict[str, t
     return batch
 
 
-class _TurnDataset(Dataset):
-    def __init__(self, samples: list[dict[str, Any]]):
-        self.samples = samples
+class _ListDataset(Dataset):
+    def __init__(self, items: list):
+        self.items = items
 
     def __len__(self) -> int:
-        return len(self.samples)
+        return len(self.items)
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return self.samples[i]
+    def __getitem__(self, i: int) -> Any:
+        return self.items[i]
 
 
 class _Collate:
@@ -179,15 +180,87 @@ class TrajectoryDataModule(pl.LightningDataModule):
         else:
             val = []
         self.train_trajectories, self.val_trajectories = train, val
-        self.train_samples, self.val_samples = turn_samples(train), turn_samples(val)
+        self.train_samples, self.val_samples = self.samples(train), self.samples(val)
+
+    def samples(self, trajectories: list[Trajectory]) -> list:
+        """What one sample is: a turn (``turn_samples``)."""
+        return turn_samples(trajectories)
+
+    def collate_fn(self) -> Any:
+        return _Collate(self.pad_id)
+
+    def _loader(self, items: list, shuffle: bool) -> DataLoader:
+        gen = torch.Generator().manual_seed(self.seed) if shuffle else None
+        return DataLoader(_ListDataset(items), batch_size=self.batch_size, shuffle=shuffle, generator=gen,
+                          collate_fn=self.collate_fn(), num_workers=self.num_workers)
 
     def train_dataloader(self) -> DataLoader:
-        gen = torch.Generator().manual_seed(self.seed)
-        return DataLoader(_TurnDataset(self.train_samples), batch_size=self.batch_size, shuffle=True, generator=gen,
-                          collate_fn=_Collate(self.pad_id), num_workers=self.num_workers)
+        return self._loader(self.train_samples, shuffle=True)
 
     def val_dataloader(self) -> DataLoader | list:
-        if not self.val_samples:
-            return []
-        return DataLoader(_TurnDataset(self.val_samples), batch_size=self.batch_size, shuffle=False,
-                          collate_fn=_Collate(self.pad_id), num_workers=self.num_workers)
+        return self._loader(self.val_samples, shuffle=False) if self.val_samples else []
+
+
+class EpisodeBatch:
+    """A batch of whole trajectories (``trajectories: list[Trajectory]``).
+
+    Deliberately neither a dataclass nor a sequence: Lightning's device transfer then leaves it
+    as it is, so the trajectories stay on the CPU; ``ProcessRewardModule.encode`` tokenises their
+    observations, packs and pads them and moves only the resulting tensors.
+    """
+
+    __slots__ = ("trajectories",)
+
+    def __init__(self, trajectories: list[Trajectory]):
+        self.trajectories = trajectories
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+
+def collate_episodes(trajectories: list[Trajectory]) -> EpisodeBatch:
+    """DataLoader ``collate_fn``: trajectories -> ``EpisodeBatch`` (module level: workers pickle it)."""
+    if not trajectories:
+        raise ValueError("collate_episodes got an empty batch")
+    return EpisodeBatch(list(trajectories))
+
+
+class TrajectoryEpisodeDataModule(TrajectoryDataModule):
+    """Whole trajectories (one sample = one episode) from trajectory JSONL files, for the PRM.
+
+    ``TrajectoryDataModule`` shuffles single turns, which scatters an episode over batches; a
+    process reward model (``rspo_lightning.prm``) regresses a sum over all turns of an episode,
+    so it needs episodes whole. Loading and the by-trajectory hold-out split are
+    ``TrajectoryDataModule``'s; only what a sample is differs. Trajectories without turns are
+    left out.
+
+    Args:
+        train_path: JSONL file of trajectories (``rspo_lightning.trajectory_io.save_trajectories``);
+            mix won and lost episodes, or the model has nothing to attribute.
+        val_path: JSONL file of validation trajectories; None = hold out ``val_fraction`` of
+            ``train_path``'s trajectories.
+        batch_size: trajectories per batch.
+        val_fraction: share of the training trajectories held out for validation when
+            ``val_path`` is None; 0 = no validation.
+        seed: seed of the hold-out split and of the shuffling.
+        num_workers: DataLoader worker processes.
+    """
+
+    def __init__(self, train_path: str, val_path: str | None = None, batch_size: int = 8, val_fraction: float = 0.05,
+                 seed: int = 0, num_workers: int = 0):
+        super().__init__(train_path, val_path=val_path, batch_size=batch_size, val_fraction=val_fraction, seed=seed,
+                         num_workers=num_workers)
+
+    def samples(self, trajectories: list[Trajectory]) -> list:
+        return [t for t in trajectories if t.turns]
+
+    def collate_fn(self) -> Any:
+        return collate_episodes
+
+    @property
+    def train_episodes(self) -> list[Trajectory]:
+        return self.train_samples
+
+    @property
+    def val_episodes(self) -> list[Trajectory]:
+        return self.val_samples

@@ -12,6 +12,7 @@ import difflib
 import inspect
 import numbers
 import random
+import re
 import string
 from typing import Any
 
@@ -25,6 +26,8 @@ TEXT_CHARSET = string.printable
 MAX_TEXT_LENGTH = 16384
 #: What every text env answers to an action it cannot carry out.
 NOTHING_HAPPENS = "Nothing happens."
+# what the tiny tokenizer splits text into (an env's `vocabulary()` lists these words)
+WORD_PATTERN = re.compile(r"\w+|[^\w\s]+")
 #: Prefix of the ids this package registers.
 ENV_ID_PREFIX = "rspo/"
 

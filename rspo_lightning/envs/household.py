@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import random
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from rspo_lightning.envs.base import NOTHING_HAPPENS, TextEnv
+from rspo_lightning.envs.base import NOTHING_HAPPENS, WORD_PATTERN, TextEnv
 
 # -- the world's catalogue ---------------------------------------------------------------------
 
@@ -151,7 +150,6 @@ _MESSAGES = (
     "inventory", "look",
 )
 #: How `vocabulary()` splits text into words (the same split as HF's `Whitespace` pre-tokenizer).
-WORD_PATTERN = re.compile(r"\w+|[^\w\s]+")
 
 DIFFICULTY_PRESETS: dict[int, dict[str, Any]] = {
     0: dict(task_types=["pick_and_place"], num_receptacles=6, num_distractors=2, max_steps=10),

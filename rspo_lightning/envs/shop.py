@@ -30,7 +30,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from rspo_lightning.envs.base import NOTHING_HAPPENS, TextEnv, normalize_action
-from rspo_lightning.envs.household import WORD_PATTERN
+from rspo_lightning.envs.base import WORD_PATTERN
 
 # -- the catalogue -------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rspo_lightning.losses import swap_lambda, swap_partner_loss
+from rspo_lightning.partner_loss import partner_coefficient, partner_loss
 
 LOG = math.log
 
@@ -42,7 +42,7 @@ def ppo(rho, a, eps=0.2):
 
 def test_knn_one_partner_by_hand():
     logp, old, adv, mask = batch()
-    loss, stats = swap_partner_loss(logp, old, adv, mask, embeddings=t(EMB), strategy="knn", num_partners=1)
+    loss, stats = partner_loss(logp, old, adv, mask, embeddings=t(EMB), strategy="knn", num_partners=1)
     # pair (0 -> 1): rho 1.5, A 1 -> clipped at 1.2 -> -1.2
     # pair (1 -> 0): rho 1.1, A -1 -> -(-1.1) = 1.1 (inside the clip range)
     # pair (2 -> 1): rho 1.5, A 2 -> clipped 1.2 * 2 -> -2.4
@@ -58,20 +58,20 @@ def test_knn_one_partner_by_hand():
 
 def test_beta_scales_the_borrowed_advantage():
     logp, old, adv, mask = batch([1.1, 1.1, 1.1])  # all inside the clip range: terms linear in A
-    loss, _ = swap_partner_loss(logp, old, adv, mask, embeddings=t(EMB), num_partners=1, beta_s=0.5)
+    loss, _ = partner_loss(logp, old, adv, mask, embeddings=t(EMB), num_partners=1, beta_s=0.5)
     # partners' ratios are all 1.1; borrowed advantages 0.5 * (1, -1, 2)
     close(loss, -(1.1 * 0.5 - 1.1 * 0.5 + 1.1 * 1.0) / 3)
 
 
 def test_knn_two_partners_uniform_and_softmax():
     logp, old, adv, mask = batch()
-    loss, _ = swap_partner_loss(logp, old, adv, mask, embeddings=t(EMB), num_partners=2)
+    loss, _ = partner_loss(logp, old, adv, mask, embeddings=t(EMB), num_partners=2)
     # every sample's partners are the other two, weight 1/2
     expected = (0.5 * (ppo(1.5, 1) + ppo(0.9, 1)) + 0.5 * (ppo(1.1, -1) + ppo(0.9, -1))
                 + 0.5 * (ppo(1.1, 2) + ppo(1.5, 2))) / 3
     close(loss, expected)
 
-    loss, _ = swap_partner_loss(logp, old, adv, mask, embeddings=t(EMB), num_partners=2, weighting="softmax", temperature=0.5)
+    loss, _ = partner_loss(logp, old, adv, mask, embeddings=t(EMB), num_partners=2, weighting="softmax", temperature=0.5)
 
     def sm(a, b):  # softmax weights of similarities a, b at temperature 0.5
         ea, eb = math.exp(a / 0.5), math.exp(b / 0.5)
@@ -87,7 +87,7 @@ def test_knn_two_partners_uniform_and_softmax():
 
 def test_p_swap_zero_gives_zero_loss_with_a_zero_gradient():
     logp, old, adv, mask = batch()
-    loss, stats = swap_partner_loss(logp, old, adv, mask, embeddings=t(EMB), p_swap=0.0)
+    loss, stats = partner_loss(logp, old, adv, mask, embeddings=t(EMB), p_swap=0.0)
     assert loss.item() == 0.0 and stats["swap_frac"].item() == 0.0 and stats["num_pairs"].item() == 0.0
     loss.backward()
     assert torch.equal(logp.grad, torch.zeros_like(logp))
@@ -97,11 +97,11 @@ def test_p_swap_draws_participants_with_that_probability():
     n = 400
     logp = torch.zeros(n, 1, dtype=torch.float64)
     gen = torch.Generator().manual_seed(0)
-    _, stats = swap_partner_loss(logp, logp, torch.ones(n, dtype=torch.float64), torch.ones(n, 1), strategy="random",
+    _, stats = partner_loss(logp, logp, torch.ones(n, dtype=torch.float64), torch.ones(n, 1), strategy="random",
                                  p_swap=0.3, generator=gen)
     assert 0.22 < stats["swap_frac"].item() < 0.38  # binomial(400, 0.3): sd 0.023
     gen = torch.Generator().manual_seed(0)
-    _, again = swap_partner_loss(logp, logp, torch.ones(n, dtype=torch.float64), torch.ones(n, 1), strategy="random",
+    _, again = partner_loss(logp, logp, torch.ones(n, dtype=torch.float64), torch.ones(n, 1), strategy="random",
                                  p_swap=0.3, generator=gen)
     assert again["swap_frac"].item() == stats["swap_frac"].item()  # the generator makes it reproducible
 
@@ -109,7 +109,7 @@ def test_p_swap_draws_participants_with_that_probability():
 def test_bucket_equal_rewards():
     logp, old, adv, mask = batch()
     # rewards (1, 0, 1): buckets {0, 2} and {1}; sample 1 has no partner and does not participate
-    loss, stats = swap_partner_loss(logp, old, adv, mask, rewards=t([1.0, 0.0, 1.0]), strategy="bucket")
+    loss, stats = partner_loss(logp, old, adv, mask, rewards=t([1.0, 0.0, 1.0]), strategy="bucket")
     # pair (0 -> 2): rho 0.9, A 1 -> -0.9; pair (2 -> 0): rho 1.1, A 2 -> -2.2
     close(loss, (-0.9 - 2.2) / 2)
     close(stats["swap_frac"], 2 / 3)
@@ -121,7 +121,7 @@ def test_bucket_quantiles():
     logp = t([[LOG(1.1)], [LOG(1.0)], [LOG(0.9)], [LOG(1.05)]])
     old = torch.zeros(4, 1, dtype=torch.float64)
     adv = t([1.0, 2.0, -1.0, 3.0])
-    loss, _ = swap_partner_loss(logp, old, adv, torch.ones(4, 1), rewards=t([0.1, 0.9, 0.2, 0.8]), strategy="bucket",
+    loss, _ = partner_loss(logp, old, adv, torch.ones(4, 1), rewards=t([0.1, 0.9, 0.2, 0.8]), strategy="bucket",
                                 num_buckets=2)
     # (0 -> 2): -0.9*1; (2 -> 0): -(1.1*-1) = 1.1; (1 -> 3): -1.05*2; (3 -> 1): -1.0*3
     close(loss, (-0.9 + 1.1 - 2.1 - 3.0) / 4)
@@ -129,7 +129,7 @@ def test_bucket_quantiles():
 
 def test_random_with_every_other_sample_as_partner():
     logp, old, adv, mask = batch()
-    loss, _ = swap_partner_loss(logp, old, adv, mask, strategy="random", num_partners=2)
+    loss, _ = partner_loss(logp, old, adv, mask, strategy="random", num_partners=2)
     expected = (0.5 * (ppo(1.5, 1) + ppo(0.9, 1)) + 0.5 * (ppo(1.1, -1) + ppo(0.9, -1))
                 + 0.5 * (ppo(1.1, 2) + ppo(1.5, 2))) / 3
     close(loss, expected)
@@ -140,7 +140,7 @@ def test_random_single_partner_is_never_the_sample_itself():
     logp = t([[LOG(2.0)], [LOG(1.0)]])
     old = torch.zeros(2, 1, dtype=torch.float64)
     gen = torch.Generator().manual_seed(1)
-    loss, _ = swap_partner_loss(logp, old, t([1.0, 0.0]), torch.ones(2, 1), strategy="random", generator=gen)
+    loss, _ = partner_loss(logp, old, t([1.0, 0.0]), torch.ones(2, 1), strategy="random", generator=gen)
     # pair (0 -> 1): -1.0 * 1; pair (1 -> 0): A = 0 -> 0
     close(loss, -1.0 / 2)
 
@@ -149,7 +149,7 @@ def test_samples_without_tokens_are_not_partners():
     # Sample 1 (the nearest neighbour of 0 and of 2) has no response token: S(0) = {2}, S(2) = {0}.
     logp, old, adv, _ = batch()
     mask = t([[1.0], [0.0], [1.0]])
-    loss, stats = swap_partner_loss(logp, old, adv, mask, embeddings=t(EMB), num_partners=1)
+    loss, stats = partner_loss(logp, old, adv, mask, embeddings=t(EMB), num_partners=1)
     close(loss, (ppo(0.9, 1) + ppo(1.1, 2)) / 2)
     close(stats["swap_frac"], 2 / 3)
 
@@ -161,38 +161,38 @@ def test_seq_mean_token_mean_over_unequal_rows():
     logp = t([[LOG(1.1), LOG(0.9)], [LOG(1.0), 0.0]])
     old = torch.zeros(2, 2, dtype=torch.float64)
     mask = t([[1, 1], [1, 0]])
-    loss, _ = swap_partner_loss(logp, old, t([1.0, 2.0]), mask, strategy="random", agg="seq-mean-token-mean")
+    loss, _ = partner_loss(logp, old, t([1.0, 2.0]), mask, strategy="random", agg="seq-mean-token-mean")
     close(loss, (-1.0 - 2.0) / 2)
-    loss, _ = swap_partner_loss(logp, old, t([1.0, 2.0]), mask, strategy="random", agg="seq-mean-token-sum")
+    loss, _ = partner_loss(logp, old, t([1.0, 2.0]), mask, strategy="random", agg="seq-mean-token-sum")
     close(loss, (-1.0 - 4.0) / 2)
-    loss, _ = swap_partner_loss(logp, old, t([1.0, 2.0]), mask, strategy="random", agg="token-mean")
+    loss, _ = partner_loss(logp, old, t([1.0, 2.0]), mask, strategy="random", agg="token-mean")
     close(loss, (-1.0 - 2.2 - 1.8) / 3)  # pairs' token terms over the pairs' 3 tokens
 
 
 def test_bad_arguments_name_the_value():
     logp, old, adv, mask = batch()
     with pytest.raises(ValueError, match="embeddings"):
-        swap_partner_loss(logp, old, adv, mask, strategy="knn")
+        partner_loss(logp, old, adv, mask, strategy="knn")
     with pytest.raises(ValueError, match="rewards"):
-        swap_partner_loss(logp, old, adv, mask, strategy="bucket")
+        partner_loss(logp, old, adv, mask, strategy="bucket")
     with pytest.raises(ValueError, match="'nearest'"):
-        swap_partner_loss(logp, old, adv, mask, strategy="nearest")
+        partner_loss(logp, old, adv, mask, strategy="nearest")
     with pytest.raises(ValueError, match="p_swap must be in \\[0, 1\\], got 1.5"):
-        swap_partner_loss(logp, old, adv, mask, strategy="random", p_swap=1.5)
+        partner_loss(logp, old, adv, mask, strategy="random", p_swap=1.5)
     with pytest.raises(ValueError, match="num_partners must be >= 1, got 0"):
-        swap_partner_loss(logp, old, adv, mask, strategy="random", num_partners=0)
+        partner_loss(logp, old, adv, mask, strategy="random", num_partners=0)
     with pytest.raises(ValueError, match="softmax"):
-        swap_partner_loss(logp, old, adv, mask, strategy="random", weighting="softmax")
+        partner_loss(logp, old, adv, mask, strategy="random", weighting="softmax")
     with pytest.raises(ValueError, match="advantages must be"):
-        swap_partner_loss(logp, old, adv[:2], mask, strategy="random")
+        partner_loss(logp, old, adv[:2], mask, strategy="random")
 
 
-def test_swap_lambda_warmup():
-    assert swap_lambda(0, 0.5, 10) == 0.0
-    assert swap_lambda(2, 0.5, 10) == pytest.approx(0.1)
-    assert swap_lambda(5, 0.5, 10) == pytest.approx(0.25)
-    assert swap_lambda(10, 0.5, 10) == 0.5
-    assert swap_lambda(50, 0.5, 10) == 0.5
-    assert swap_lambda(0, 0.5, 0) == 0.5
+def test_partner_coefficient_warmup():
+    assert partner_coefficient(0, 0.5, 10) == 0.0
+    assert partner_coefficient(2, 0.5, 10) == pytest.approx(0.1)
+    assert partner_coefficient(5, 0.5, 10) == pytest.approx(0.25)
+    assert partner_coefficient(10, 0.5, 10) == 0.5
+    assert partner_coefficient(50, 0.5, 10) == 0.5
+    assert partner_coefficient(0, 0.5, 0) == 0.5
     with pytest.raises(ValueError, match="warmup_steps must be >= 0, got -1"):
-        swap_lambda(0, 0.5, -1)
+        partner_coefficient(0, 0.5, -1)
