@@ -7,8 +7,9 @@ pick-and-place (8 receptacles) capped at 50 turns, with the untrained tiny quick
 epoch over every turn sample in minibatches of 64. Its wall time (rollout + advantage + update)
 is the denominator.
 
-Then every estimator ``AgentRLModule.compute_advantages`` supports runs on that very batch of
-turns (the same per-turn tensors ``training_step`` builds; dense rewards from
+Then every estimator runs on that very batch of turns (the same per-turn tensors
+``training_step`` builds) through ``rspo_lightning.advantages.turn_advantages``, what
+``AgentRLModule`` calls (invalid-action penalty included; dense rewards from
 ``EnvProgressReward`` for A²TGPO's signal; GAE's values are random numbers, since the critic's
 forward is not the estimator's cost), ``--repeats`` times each; the median is divided by the
 iteration's time. Target (issue 6): below 1 % of the iteration.
@@ -26,6 +27,7 @@ import torch
 
 from scaling import build_module, run_iteration
 
+from rspo_lightning.advantages import ESTIMATORS, turn_advantages
 from rspo_lightning.batching import flatten
 from rspo_lightning.config import AlgorithmConfig, KNOWN_ESTIMATORS
 from rspo_lightning.rewards import EnvProgressReward, assign_dense_rewards
@@ -59,11 +61,11 @@ def main() -> None:
     print("|---|---|---|---|")
     fractions = {}
     for name in sorted(KNOWN_ESTIMATORS):
-        module.algo = AlgorithmConfig(estimator=name)
+        algo = AlgorithmConfig(estimator=name)
         times = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            module.compute_advantages(flat, values if name == "gae" else None)
+            turn_advantages(flat, algo, values if ESTIMATORS[name].needs_critic else None)
             times.append(time.perf_counter() - t0)
         med = statistics.median(times)
         fractions[name] = med / it["wall_s"]

@@ -31,7 +31,7 @@ from rspo_lightning.policy import TinyModelConfig, load_policy
 from rspo_lightning.prompts import template_texts
 from rspo_lightning import rollout
 from rspo_lightning.envs.pool import EnvPool
-from rspo_lightning.module import freeze_startup_heap
+from rspo_lightning.process import freeze_startup_heap
 from rspo_lightning.rollout import RolloutConfig, RolloutEngine, TrieConstraint
 from rspo_lightning.types import TaskSpec
 

@@ -1,7 +1,8 @@
 """Update overhead: trained tokens/s of one ``AgentRLModule`` update vs a raw
 forward + backward + optimizer step on the very same padded batch, side by side in one run.
 
-A batch of real Household turns is collected once. Ours: ``module._update`` with one PPO epoch
+A batch of real Household turns is collected once. Ours: ``update.ppo_update`` with the module's
+loss (``AgentRLModule.loss``), one PPO epoch
 and one minibatch (the clipped surrogate with the generalised centre, constrained
 renormalisation, entropy, stats, gradient clipping, AdamW). Raw: the same model, the same padded
 ``input_ids``/``attention_mask``, one forward with ``logits_to_keep`` over the response window,
@@ -25,6 +26,7 @@ import time
 
 import torch
 
+from rspo_lightning import scoring, update
 from rspo_lightning.batching import flatten, make_train_batch, positions_from_mask
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.module import AgentRLModule
@@ -34,17 +36,6 @@ from rspo_lightning.types import TaskSpec
 
 ENV = {"task_types": ["pick_and_place"], "num_receptacles": 4, "num_distractors": 1, "num_object_types": 8,
        "max_steps": 10, "info_actions": False}
-
-
-class _Opt:
-    """Just enough of Lightning's optimizer plumbing for ``_update`` outside a Trainer."""
-
-    def __init__(self, module, opt, sched):
-        module.optimizers = lambda: opt
-        module.lr_schedulers = lambda: sched
-        module.manual_backward = lambda loss: loss.backward()
-        module.clip_gradients = lambda o, gradient_clip_val, gradient_clip_algorithm: torch.nn.utils.clip_grad_norm_(
-            [p for g in o.param_groups for p in g["params"]], gradient_clip_val)
 
 
 def main() -> None:
@@ -76,12 +67,11 @@ def main() -> None:
     model = module.policy
     model.train()
     opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-5)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    _Opt(module, opt, sched)
+    dummy = scoring.dummy_batch(module.engine.pad_id)
 
     def ours() -> float:
         t0 = time.perf_counter()
-        module._update(batch)
+        update.ppo_update(batch, module.loss, opt, module.algo, dummy=dummy, generator=torch.Generator().manual_seed(0))
         return time.perf_counter() - t0
 
     def raw() -> float:

@@ -2,7 +2,7 @@
 
 Every estimator shares one signature::
 
-    xxx_advantages(rewards [N], traj_index [N], group_index [N], turn_index [N], *, ...) -> [N]
+    xxx_advantages(rewards [N], traj_index [N], group_index [N], turn_index [N], *, ...) -> AdvantageResult
 
 One row is one agent turn. The turns of a trajectory are contiguous and in order; a trajectory
 is identified by its ``(group_index, traj_index)`` pair, so ``traj_index`` may be global or
@@ -17,17 +17,30 @@ equal, gives exactly 0 (never NaN).
 Everything is computed in float64 on the CPU (N counts turns, not tokens, so this is cheap and
 exact); results come back on ``rewards``' device in its floating dtype (the default dtype for
 integer rewards). The paper -> code map and every deviation: docs/algorithms.md.
+
+``ESTIMATORS`` maps each name to an :class:`Estimator`, its declared contract (extra per-turn
+inputs, group-relative, critic, dense signal); :func:`turn_advantages` is what the training
+module calls on a :class:`~rspo_lightning.batching.FlatTurns` batch (inputs, invalid-action
+penalty, replayed rows' stored advantages).
 """
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor
+
+from rspo_lightning.batching import FlatTurns, flatten
+from rspo_lightning.types import Trajectory
+
+if TYPE_CHECKING:  # config.py imports this module
+    from rspo_lightning.config import AlgorithmConfig
 
 STD_EPS = 1e-6
 NORMS = ("std", "mean")
@@ -35,29 +48,19 @@ EPISODE_STATS = ("trajectory", "steps")
 CLIP_MODES = ("signal", "inverse_advantage")
 
 
-class GAEResult(NamedTuple):
-    """Output of :func:`gae_advantages`.
-
-    Args:
-        advantages: ``[N]`` per-turn GAE advantage.
-        returns: ``[N]`` advantages + values, the critic's regression target.
-    """
-
-    advantages: Tensor
-    returns: Tensor
-
-
-class A2TGPOResult(NamedTuple):
-    """Output of :func:`a2tgpo_advantages`.
+class AdvantageResult(NamedTuple):
+    """What every estimator returns.
 
     Args:
         advantages: ``[N]`` per-turn advantage.
-        clip_eps: ``[N]`` per-turn clip half-width (absolute, in ratio units: ``epsilon`` times a
-            per-turn factor), ready for ``losses.clipped_surrogate(eps_low=..., eps_high=...)``.
+        returns: ``[N]`` or None: the critic's regression target (advantages + values; gae only).
+        clip_scale: ``[N]`` or None: per-turn multiplier of ``algorithm.clip_eps_low/high``
+            (1.0 = as configured; a2tgpo only).
     """
 
     advantages: Tensor
-    clip_eps: Tensor
+    returns: Tensor | None = None
+    clip_scale: Tensor | None = None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -240,7 +243,7 @@ def grpo_advantages(
     *,
     norm: str = "std",
     episode_stats: str = "trajectory",
-) -> Tensor:
+) -> AdvantageResult:
     """GRPO (Shao et al., arXiv 2402.03300), outcome supervision, one advantage per trajectory.
 
     A(tau_i) = (R(tau_i) - mean_j R(tau_j)) / F over the group's trajectories, broadcast to every
@@ -254,7 +257,7 @@ def grpo_advantages(
     _check_choice("norm", norm, NORMS)
     _check_choice("episode_stats", episode_stats, EPISODE_STATS)
     lay = _layout(rewards, traj_index, group_index, turn_index)
-    return lay.out(_episode_advantage(lay, norm, episode_stats))
+    return AdvantageResult(lay.out(_episode_advantage(lay, norm, episode_stats)))
 
 
 def rloo_advantages(
@@ -264,7 +267,7 @@ def rloo_advantages(
     turn_index: Tensor,
     *,
     episode_stats: str = "trajectory",
-) -> Tensor:
+) -> AdvantageResult:
     """RLOO (Ahmadian et al., arXiv 2402.14740): leave-one-out baseline, no std normalisation.
 
     ``episode_stats="trajectory"`` (the paper): A(tau_i) = R(tau_i) - mean_{j != i} R(tau_j),
@@ -288,7 +291,7 @@ def rloo_advantages(
     others = (total[groups] - values) / (k - 1).clamp(min=1)
     adv = torch.where(k > 1, values - others, torch.zeros_like(values))
     if episode_stats == "trajectory":
-        return lay.out(adv[lay.traj])
+        return AdvantageResult(lay.out(adv[lay.traj]))
     # one trajectory's samples share R, but (total - R) / (k - 1) may round off it by ~1e-17
     vmax = torch.zeros(lay.num_groups, dtype=values.dtype).scatter_reduce(
         0, groups, values, "amax", include_self=False
@@ -296,7 +299,7 @@ def rloo_advantages(
     vmin = torch.zeros(lay.num_groups, dtype=values.dtype).scatter_reduce(
         0, groups, values, "amin", include_self=False
     )
-    return lay.out(torch.where((vmax == vmin)[groups], torch.zeros_like(adv), adv))
+    return AdvantageResult(lay.out(torch.where((vmax == vmin)[groups], torch.zeros_like(adv), adv)))
 
 
 def gae_advantages(
@@ -308,7 +311,7 @@ def gae_advantages(
     values: Tensor,
     gamma: float = 1.0,
     lam: float = 1.0,
-) -> GAEResult:
+) -> AdvantageResult:
     """GAE (Schulman et al., arXiv 1506.02438) on the turn-level MDP, for PPO with a critic.
 
     V(s_t) is the critic's value of turn t (read at the last prompt token); V after the last turn
@@ -329,7 +332,7 @@ def gae_advantages(
     v_next = torch.where(same_next, v_next, torch.zeros_like(v))
     delta = lay.rewards + gamma * v_next - v
     adv = _reverse_scan(delta, lay.traj.tolist(), gamma * lam)
-    return GAEResult(lay.out(adv), lay.out(adv + v))
+    return AdvantageResult(lay.out(adv), returns=lay.out(adv + v))
 
 
 def gigpo_advantages(
@@ -343,7 +346,7 @@ def gigpo_advantages(
     omega: float = 1.0,
     norm: str = "std",
     episode_stats: str = "trajectory",
-) -> Tensor:
+) -> AdvantageResult:
     """GiGPO (Feng et al., arXiv 2505.10978): episode + anchor-state step advantages.
 
     A = A^E + omega * A^S. A^E is GRPO's advantage: ``episode_stats="trajectory"`` takes mean/std
@@ -363,7 +366,7 @@ def gigpo_advantages(
     step_ids, num_steps = _dense_ids(list(zip(lay.group.tolist(), names)))
     returns_to_go = _reverse_scan(lay.rewards, lay.traj.tolist(), gamma)
     step = _group_centre(returns_to_go, step_ids, num_steps, norm)
-    return lay.out(episode + omega * step)
+    return AdvantageResult(lay.out(episode + omega * step))
 
 
 def success_rate_weights(
@@ -429,7 +432,7 @@ def proxmo_advantages(
     omega: float = 1.0,
     norm: str = "std",
     episode_stats: str = "trajectory",
-) -> Tensor:
+) -> AdvantageResult:
     """ProxMO (Fang et al., arXiv 2602.19225): GiGPO with modulated A^E and a soft step baseline.
 
     A = w * A^E + omega * A^S. A^E is GiGPO's episode advantage; w = w+ for successful and w- for
@@ -472,7 +475,7 @@ def proxmo_advantages(
         sim = tfidf_cosine_similarity([names[i] for i in rows.tolist()])
         w = torch.softmax(sim / tau, dim=1)
         step[rows] = returns_to_go[rows] - w @ returns_to_go[rows]
-    return lay.out(episode + omega * step)
+    return AdvantageResult(lay.out(episode + omega * step))
 
 
 def a2tgpo_advantages(
@@ -483,31 +486,30 @@ def a2tgpo_advantages(
     *,
     signals: Tensor,
     gamma: float = 1.0,
-    epsilon: float = 0.2,
     clip_mode: str = "signal",
     kappa: float = 0.5,
     delta: float = 0.5,
     beta: float = 1.0,
     turn_group_size: int | None = None,
     norm: str = "std",
-) -> A2TGPOResult:
+) -> AdvantageResult:
     """A²TGPO (Chen et al., arXiv 2605.06200): turn-group-normalised signals, adaptive clipping.
 
     ghat_t = per-turn signal z-scored within its (group, turn index) cell (0 for a single element
     or zero std). A_t = A^E + sum_{k>=t} gamma^{k-t} ghat_k / sqrt(number of terms), A^E as GRPO
     (``norm`` applies to A^E only). ``turn_group_size=m`` stops the sum at the boundaries of
-    turn blocks [0..m-1], [m..2m-1], ... clip_eps: ``"signal"`` (paper) eps * clamp(1 + kappa
-    ghat_t, 1 - delta, 1 + delta); ``"inverse_advantage"`` (the seed's description)
-    eps / (1 + beta |A_t|). Deviation: the paper's signal is information gain; here it is
-    whatever per-turn signal the caller passes (the turn's dense reward in this package).
+    turn blocks [0..m-1], [m..2m-1], ... ``clip_scale`` is the per-turn multiplier of the
+    configured clip half-widths (``algorithm.clip_eps_low/high``, the paper's epsilon):
+    ``"signal"`` (paper) clamp(1 + kappa ghat_t, 1 - delta, 1 + delta); ``"inverse_advantage"``
+    (the seed's description) 1 / (1 + beta |A_t|). Deviation: the paper's signal is information
+    gain; here it is whatever per-turn signal the caller passes (the turn's dense reward in this
+    package).
     """
     _check_choice("norm", norm, NORMS)
     _check_choice("clip_mode", clip_mode, CLIP_MODES)
     _check_unit_interval("gamma", gamma)
-    if epsilon <= 0:
-        raise ValueError(f"epsilon must be > 0, got {epsilon}")
     if not 0.0 <= delta < 1.0:
-        raise ValueError(f"delta must be in [0, 1) so clip_eps stays positive, got {delta}")
+        raise ValueError(f"delta must be in [0, 1) so clip_scale stays positive, got {delta}")
     if beta < 0:
         raise ValueError(f"beta must be >= 0, got {beta}")
     if turn_group_size is not None and (
@@ -537,34 +539,175 @@ def a2tgpo_advantages(
     terms = _reverse_scan(torch.ones(n, dtype=torch.float64), segments, 1.0)
     adv = episode + acc / terms.sqrt()
     if clip_mode == "signal":
-        clip_eps = epsilon * (1.0 + kappa * ghat).clamp(1.0 - delta, 1.0 + delta)
+        clip_scale = (1.0 + kappa * ghat).clamp(1.0 - delta, 1.0 + delta)
     else:
-        clip_eps = epsilon / (1.0 + beta * adv.abs())
-    return A2TGPOResult(lay.out(adv), lay.out(clip_eps))
+        clip_scale = 1.0 / (1.0 + beta * adv.abs())
+    return AdvantageResult(lay.out(adv), clip_scale=lay.out(clip_scale))
 
 
 # ----------------------------------------------------------------------------------------------
-# Registry
+# Registry: each estimator's declared contract
 # ----------------------------------------------------------------------------------------------
 
-ESTIMATORS: dict[str, Callable[..., Any]] = {
-    "grpo": grpo_advantages,
-    "rloo": rloo_advantages,
-    "gae": gae_advantages,
-    "gigpo": gigpo_advantages,
-    "proxmo": proxmo_advantages,
-    "a2tgpo": a2tgpo_advantages,
-}
+#: Per-turn inputs an estimator may declare, beyond rewards and the three indices.
+INPUTS = ("anchors", "success", "values", "signals")
+#: Arguments every estimator takes and the caller always supplies.
+LAYOUT_ARGS = ("rewards", "traj_index", "group_index", "turn_index")
 
 
-def compute_advantages(name: str, **kwargs: Any) -> Any:
-    """Run the estimator called ``name`` with ``kwargs`` (rewards, traj_index, ... included).
+@dataclass(frozen=True)
+class Estimator:
+    """An advantage estimator and what it needs.
 
-    Returns what the estimator returns: a ``[N]`` tensor, or :class:`GAEResult` /
-    :class:`A2TGPOResult` for ``"gae"`` / ``"a2tgpo"``.
+    Args:
+        fn: the estimator function (returns :class:`AdvantageResult`).
+        inputs: extra per-turn inputs beyond rewards and the indices, named as ``fn``'s keywords
+            (a subset of :data:`INPUTS`).
+        group_relative: the baseline comes from the other episodes of the group (needs
+            ``group_size >= 2``; a group of one gives 0).
+        needs_critic: needs V(s) values (``values``).
+        needs_dense: needs a per-turn dense signal (``signals``).
     """
+
+    fn: Callable[..., AdvantageResult]
+    inputs: tuple[str, ...]
+    group_relative: bool
+    needs_critic: bool
+    needs_dense: bool
+
+    def __post_init__(self) -> None:
+        params = inspect.signature(self.fn).parameters
+        for name in self.inputs:
+            if name not in INPUTS or name not in params:
+                raise ValueError(f"{self.fn.__name__}: input {name!r} must be one of {list(INPUTS)} and a keyword of the function")
+
+    @property
+    def tunables(self) -> list[str]:
+        """Sorted keyword names of ``fn`` a config may set (``algorithm.estimator_kwargs``)."""
+        params = inspect.signature(self.fn).parameters
+        return sorted(p for p in params if p not in LAYOUT_ARGS and p not in self.inputs)
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    "grpo": Estimator(grpo_advantages, (), group_relative=True, needs_critic=False, needs_dense=False),
+    "rloo": Estimator(rloo_advantages, (), group_relative=True, needs_critic=False, needs_dense=False),
+    "gae": Estimator(gae_advantages, ("values",), group_relative=False, needs_critic=True, needs_dense=False),
+    "gigpo": Estimator(gigpo_advantages, ("anchors",), group_relative=True, needs_critic=False, needs_dense=False),
+    "proxmo": Estimator(proxmo_advantages, ("anchors", "success"), group_relative=True, needs_critic=False,
+                        needs_dense=False),
+    "a2tgpo": Estimator(a2tgpo_advantages, ("signals",), group_relative=True, needs_critic=False, needs_dense=True),
+}
+#: Estimators whose baseline comes from the group's other episodes.
+GROUP_RELATIVE = frozenset(name for name, est in ESTIMATORS.items() if est.group_relative)
+
+
+def get_estimator(name: str) -> Estimator:
+    """The registry entry called ``name``; ValueError listing the valid names otherwise."""
     if name not in ESTIMATORS:
         raise ValueError(
             f"unknown advantage estimator {name!r}; valid estimators: {sorted(ESTIMATORS)}"
         )
-    return ESTIMATORS[name](**kwargs)
+    return ESTIMATORS[name]
+
+
+def check_estimator_kwargs(name: str, kwargs: Mapping[str, Any]) -> None:
+    """Raise ValueError unless every key of ``kwargs`` is a tunable keyword of estimator ``name``.
+
+    A key the module supplies itself (rewards, the indices, the estimator's declared inputs) is
+    rejected too. The message names the key, the closest accepted name and every accepted name.
+    """
+    est = get_estimator(name)
+    accepted = est.tunables
+    for key in kwargs:
+        if key in accepted:
+            continue
+        if key in LAYOUT_ARGS or key in est.inputs:
+            raise ValueError(
+                f"algorithm.estimator_kwargs: key {key!r} for {name} is supplied by the module from the "
+                f"batch and cannot be set; it accepts {accepted}"
+            )
+        close = difflib.get_close_matches(str(key), accepted, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(
+            f"algorithm.estimator_kwargs: unknown key {key!r} for {name}{hint}; it accepts {accepted}"
+        )
+
+
+def compute_advantages(name: str, **kwargs: Any) -> AdvantageResult:
+    """Run the estimator called ``name`` with ``kwargs`` (rewards, traj_index, ... included).
+
+    An unknown ``name`` is a ValueError listing the valid ones.
+    """
+    return get_estimator(name).fn(**kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# From a FlatTurns batch (what AgentRLModule calls)
+# ----------------------------------------------------------------------------------------------
+
+
+def _estimate(flat: FlatTurns, algo: AlgorithmConfig, values: Tensor | None) -> AdvantageResult:
+    """The estimator over ``flat`` with its declared inputs and ``algo.estimator_kwargs``; with
+    ``penalty_at="reward"`` the invalid-action penalty is taken off the invalid turns' rewards."""
+    est = get_estimator(algo.estimator)
+    if est.needs_critic and values is None:
+        raise ValueError(f"estimator {algo.estimator!r} needs critic values V(s): pass values=[N]")
+    supplied = {"anchors": flat.anchors, "success": flat.success, "values": values, "signals": flat.dense}
+    rewards = flat.rewards
+    if algo.penalty_at == "reward":
+        rewards = rewards - algo.invalid_action_penalty * flat.invalid.to(rewards.dtype)
+    return est.fn(
+        rewards=rewards, traj_index=flat.traj_index, group_index=flat.group_index, turn_index=flat.turn_index,
+        **{k: supplied[k] for k in est.inputs}, **algo.estimator_kwargs,
+    )
+
+
+def turn_advantages(
+    flat: FlatTurns, algo: AlgorithmConfig, values: Tensor | None = None
+) -> tuple[AdvantageResult, Tensor]:
+    """Per-turn advantages of ``flat`` under ``algo`` (``values``: V(s) ``[N]``, for a critic).
+
+    In order: (1) with ``algo.penalty_at="reward"``, ``algo.invalid_action_penalty`` is taken off
+    each invalid turn's reward; (2) the estimator runs with its declared inputs (anchors,
+    success, values, signals = ``flat.dense``) and ``algo.estimator_kwargs``; (3) replayed rows
+    whose turn carries a ``replay_advantage`` take that stored value; (4) with
+    ``penalty_at="advantage"`` (default) the penalty is taken off each invalid turn's advantage.
+
+    Returns ``(result, estimator_advantages)``: ``result`` is the estimator's
+    :class:`AdvantageResult` with the final advantages (returns and clip_scale as the estimator
+    gave them), ``estimator_advantages`` the advantages after (3) but before (4), i.e. without an
+    advantage-placed penalty (the module's ``rspo/replay_adv_abs``; equal to
+    ``result.advantages`` under ``penalty_at="reward"``). It is returned rather than recovered
+    by adding the penalty back, which would be wrong under ``penalty_at="reward"``.
+    """
+    if not flat.turns:  # a rank with nothing of its own
+        return AdvantageResult(torch.zeros(0)), torch.zeros(0)
+    result = _estimate(flat, algo, values)
+    advantages = result.advantages
+    if bool(flat.is_replay.any()):
+        stored = [t.replay_advantage for t in flat.turns]
+        has = torch.tensor([a is not None for a in stored], dtype=torch.bool) & flat.is_replay.cpu()
+        if bool(has.any()):
+            value = torch.tensor([0.0 if a is None else a for a in stored], dtype=advantages.dtype)
+            advantages = torch.where(has.to(advantages.device), value.to(advantages.device), advantages)
+    estimator_advantages = advantages
+    if algo.penalty_at == "advantage":
+        advantages = advantages - algo.invalid_action_penalty * flat.invalid.to(advantages.device, advantages.dtype)
+    return result._replace(advantages=advantages), estimator_advantages
+
+
+def outcome_advantages(trajectories: Sequence[Trajectory], algo: AlgorithmConfig) -> list[float] | None:
+    """Each turn's advantage (trajectory/turn order) under ``algo``'s estimator with the outcome
+    reward, over the groups as given; None for a non-group-relative estimator or no turns.
+
+    An advantage-placed invalid-action penalty is left out (the learner subtracts it when it
+    trains the row); a reward-placed one is included, so the value is what the learner's
+    estimator would give. RSPOLoop stores these with B's collected groups
+    (``Turn.replay_advantage``); stored values are not applied here.
+    """
+    if not get_estimator(algo.estimator).group_relative or not trajectories:
+        return None
+    flat = flatten(list(trajectories), "outcome")
+    if not flat.turns:
+        return None
+    return _estimate(flat, algo, None).advantages.tolist()

@@ -145,11 +145,13 @@ def pad_turns(turns: Sequence[Turn], pad_id: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def make_train_batch(flat: FlatTurns, pad_id: int, advantages: torch.Tensor) -> TrainBatch:
-    """Assemble the TrainBatch; ``old_logprobs`` start as the behaviour log-probs (scored later);
-    returns are zeros and clip multipliers ones until an estimator sets them."""
+def make_train_batch(flat: FlatTurns, pad_id: int, advantages: torch.Tensor | None = None) -> TrainBatch:
+    """Assemble the TrainBatch; ``old_logprobs`` start as the behaviour log-probs (scoring gives
+    the next stage's), advantages as given (zeros when None), returns zeros and clip scales ones
+    until an estimator's result replaces them."""
     padded = pad_turns(flat.turns, pad_id)
     n = len(flat.turns)
+    advantages = torch.zeros(n) if advantages is None else advantages
     return TrainBatch(
         input_ids=padded["input_ids"],
         attention_mask=padded["attention_mask"],
@@ -158,8 +160,23 @@ def make_train_batch(flat: FlatTurns, pad_id: int, advantages: torch.Tensor) -> 
         old_logprobs=padded["behaviour_logprobs"].clone(),
         advantages=advantages.float(),
         returns=torch.zeros(n),
-        clip_eps=torch.ones(n),
+        clip_scale=torch.ones(n),
         is_replay=flat.is_replay,
         value_positions=padded["value_positions"],
         allowed_ids=padded.get("allowed_ids"),
     )
+
+
+def drop_faulty(trajectories: list[Trajectory], group_relative: bool) -> list[Trajectory]:
+    """Leave out episodes whose environment failed (``env_error``). For a group-relative estimator
+    the group's baseline is computed over its remaining episodes, and a group left with fewer
+    than 2 is dropped whole (no baseline)."""
+    if not any(t.env_error is not None for t in trajectories):
+        return trajectories
+    clean = [t for t in trajectories if t.env_error is None]
+    if not group_relative:
+        return clean
+    sizes: dict[int, int] = {}
+    for t in clean:
+        sizes[t.task.group_id] = sizes.get(t.task.group_id, 0) + 1
+    return [t for t in clean if sizes[t.task.group_id] >= 2]

@@ -193,3 +193,28 @@ class IterationCheckpoint(ModelCheckpoint):
         if self.save_top_k != 0:
             self._save_topk_checkpoint(trainer, candidates)
         self._save_last_checkpoint(trainer, candidates)
+
+
+COUNTERS = ("iteration", "skipped_steps", "env_steps", "episodes_dropped")
+
+
+def save_counters(module: Any, checkpoint: dict) -> None:
+    """``AgentRLModule``'s loop state beside its weights: the RL iteration, skipped optimizer steps,
+    environment steps, dropped episodes, environment errors and a stateful dense reward's state."""
+    checkpoint.update({f"rspo_{name}": getattr(module, name) for name in COUNTERS})
+    checkpoint["rspo_env_errors"] = module.engine.env_errors if module.engine is not None else 0
+    if hasattr(module.dense_reward, "state_dict"):
+        checkpoint["rspo_dense_reward"] = module.dense_reward.state_dict()
+
+
+def load_counters(module: Any, checkpoint: dict) -> None:
+    """Put ``save_counters``'s state back (0 where an older checkpoint lacks it), and drop the
+    frozen models that checkpoints written before they left the state dict still hold."""
+    frozen = ("_ref.", "critic.backbone.") if module.critic_cfg.freeze_backbone else ("_ref.",)
+    if "state_dict" in checkpoint:
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith(frozen)}
+    for name in COUNTERS:
+        setattr(module, name, int(checkpoint.get(f"rspo_{name}", 0)))
+    module._restored_env_errors = int(checkpoint.get("rspo_env_errors", 0))
+    if "rspo_dense_reward" in checkpoint and hasattr(module.dense_reward, "load_state_dict"):
+        module.dense_reward.load_state_dict(checkpoint["rspo_dense_reward"])

@@ -66,6 +66,8 @@ class AgentCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(TranscriptLogger, "transcripts")
         parser.add_lightning_class_args(IterationCheckpoint, "checkpoint")
+        if not (self.subclass_mode_model or self.subclass_mode_data):  # one source of the env: set data.env
+            parser.link_arguments("data.env", "model.env")
         parser.set_defaults({
             "trainer.logger": {
                 "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
@@ -77,6 +79,7 @@ class AgentCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config.get(str(self.subcommand), self.config)
+        self._link_env_in_subclass_mode(cfg)
         trainer = cfg.get("trainer")
         root = trainer.get("default_root_dir") if trainer is not None else None
         logger = trainer.get("logger") if trainer is not None else None
@@ -85,6 +88,32 @@ class AgentCLI(LightningCLI):
                 init = one.get("init_args") if hasattr(one, "get") else None
                 if init is not None and init.get("save_dir") == DEFAULT_SAVE_DIR:
                     init["save_dir"] = str(root)
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning fills the model's arguments from the checkpoint's hyper-parameters, which
+        would silently override what the command line and config files set (``--model.predict_path``,
+        ``--model.val_temperature`` of a ``validate``); here the checkpoint's values fill only the
+        model arguments left at their defaults."""
+        sub = self.config.get("subcommand")
+        user = self.config.get(sub) if sub else None
+        super()._parse_ckpt_path()
+        if user is None or self.config.get(sub) is user:
+            return
+        defaults = self.parser._subcommands_action._name_parser_map[sub].get_defaults()
+        for key, value in user.get("model").items(branches=False):
+            default = defaults.get(f"model.{key}")
+            if value != default and self.config[sub].get(f"model.{key}") != value:
+                self.config[sub][f"model.{key}"] = value
+
+    def _link_env_in_subclass_mode(self, cfg) -> None:
+        """``data.env`` -> ``model.env`` when the classes are named (``--model CLASS``), where a
+        parser link cannot be declared (the model may take no env): a model taking ``env`` that
+        is left unset gets the datamodule's."""
+        model, data = cfg.get("model"), cfg.get("data")
+        m_init = model.get("init_args") if hasattr(model, "get") else None
+        d_init = data.get("init_args") if hasattr(data, "get") else None
+        if m_init is not None and d_init is not None and "env" in m_init and m_init.get("env") is None and d_init.get("env") is not None:
+            m_init["env"] = d_init["env"]
 
     def _instantiate_trainer(self, config: dict, callbacks: list) -> "Trainer":
         if config.get("enable_checkpointing") is False:  # Lightning refuses a checkpoint callback then

@@ -10,10 +10,13 @@ from typing import Any
 
 import torch
 
+from rspo_lightning.advantages import ESTIMATORS, GROUP_RELATIVE, check_estimator_kwargs  # noqa: F401  (GROUP_RELATIVE re-exported)
 from rspo_lightning.policy import TinyModelConfig
 
-GROUP_RELATIVE = {"grpo", "rloo", "gigpo", "proxmo", "a2tgpo"}
-KNOWN_ESTIMATORS = GROUP_RELATIVE | {"gae"}
+#: Every registered estimator name (``rspo_lightning.advantages.ESTIMATORS``); GROUP_RELATIVE,
+#: re-exported here, those among them whose baseline comes from the group's other episodes.
+KNOWN_ESTIMATORS = frozenset(ESTIMATORS)
+PENALTY_PLACEMENTS = ("advantage", "reward")
 
 
 def _as_dataclass(value: Any, cls: type, name: str) -> Any:
@@ -144,7 +147,9 @@ class AlgorithmConfig:
 
     Args:
         estimator: advantage estimator: grpo, rloo, gigpo, proxmo, a2tgpo (gae needs a critic).
-        estimator_kwargs: keyword arguments of the estimator (e.g. ``{norm: mean}``, ``{omega: 1.0}``).
+        estimator_kwargs: keyword arguments of the estimator (e.g. ``{norm: mean}``, ``{omega: 1.0}``);
+            an unknown key fails at startup naming the accepted ones. a2tgpo's adaptive clip is a
+            multiplier of clip_eps_low/high (it has no epsilon of its own).
         ppo_epochs: passes over the iteration's samples.
         minibatch_size: turn samples per optimizer step (per rank).
         micro_batch_size: turn samples per forward/backward (gradient accumulation); None = minibatch.
@@ -161,7 +166,11 @@ class AlgorithmConfig:
         kl_coef: coefficient of the KL-to-reference loss; 0 builds no reference model.
         kl_estimator: k1, k3 or low_var_kl.
         entropy_coef: entropy bonus coefficient.
-        invalid_action_penalty: subtracted from the advantage of every invalid turn.
+        invalid_action_penalty: size of the penalty of every invalid turn (placed by ``penalty_at``).
+        penalty_at: where the invalid-action penalty goes: ``advantage`` (default) subtracts it
+            from the invalid turn's advantage after the estimator (never discounted back, size
+            independent of the group's spread); ``reward`` subtracts it from the invalid turn's
+            reward before the estimator (as verl-agent does), so it enters the group statistics.
         max_grad_norm: gradient clipping norm (0 = off).
         forward_batch_size: rows per no-grad scoring forward.
         recompute_old_logprobs: score old log-probs with a no-grad forward before the update (as
@@ -191,6 +200,7 @@ class AlgorithmConfig:
     kl_estimator: str = "low_var_kl"
     entropy_coef: float = 0.0
     invalid_action_penalty: float = 0.1
+    penalty_at: str = "advantage"
     max_grad_norm: float = 1.0
     forward_batch_size: int = 64
     recompute_old_logprobs: bool = True
@@ -201,6 +211,10 @@ class AlgorithmConfig:
         self.swap = _as_dataclass(self.swap, SwapConfig, "algorithm.swap")
         if self.estimator not in KNOWN_ESTIMATORS:
             raise ValueError(f"algorithm.estimator: unknown estimator {self.estimator!r}; choose one of {sorted(KNOWN_ESTIMATORS)}")
+        check_estimator_kwargs(self.estimator, self.estimator_kwargs)
+        if self.penalty_at not in PENALTY_PLACEMENTS:
+            raise ValueError(f"algorithm.penalty_at must be advantage (subtract invalid_action_penalty from the invalid "
+                             f"turn's advantage) or reward (from its reward, before the estimator), got {self.penalty_at!r}")
         if self.ppo_epochs < 1:
             raise ValueError(f"algorithm.ppo_epochs must be >= 1, got {self.ppo_epochs}")
         if self.minibatch_size < 1:

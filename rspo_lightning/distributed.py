@@ -9,12 +9,14 @@ that ended sooner) leaves the others waiting for ever. docs/distributed.md has t
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
+
+T = TypeVar("T")
 
 
 def world_size() -> int:
@@ -39,23 +41,37 @@ def all_sum(values: Sequence[float], device: torch.device | str = "cpu") -> list
     return gather_values(values, device).sum(0).tolist()
 
 
-def all_max(value: int, device: torch.device | str = "cpu") -> int:
-    """Maximum over ranks (the lock-step count: every rank runs that many steps)."""
-    return int(gather_values([value], device).max())
+def lockstep_count(count: int, device: torch.device | str = "cpu") -> int:
+    """How many collective steps every rank takes when this one has ``count`` of its own: the
+    busiest rank's count (``count`` itself with one process, without a collective)."""
+    return int(gather_values([count], device).max()) if world_size() > 1 else count
+
+
+def lockstep(items: Sequence[T], device: torch.device | str = "cpu") -> Iterator[T | None]:
+    """``items``, then None until this rank has taken as many steps as the busiest rank: the one
+    loop of every place where ranks must run the same number of collective steps (chunked
+    forwards, critic values, micro-batch backwards; generate calls use ``lockstep_count``). On a
+    None the caller runs its step on a dummy at weight 0."""
+    for i in range(lockstep_count(len(items), device)):
+        yield items[i] if i < len(items) else None
 
 
 def merge_over_ranks(obj: dict[str, list[float]]) -> dict[str, list[float]]:
-    """Sum ``{name: [sum, count]}`` dicts over ranks (keys may differ between ranks)."""
+    """The one way metrics aggregate over ranks: ``{name: [sum, count]}`` (or ``[sum, count,
+    max]``) dicts summed over ranks, the maximum taken of a third entry. Keys may differ between
+    ranks (one all_gather_object; no collective with one process)."""
     if world_size() == 1:
-        return obj
+        return {key: list(map(float, value)) for key, value in obj.items()}
     parts: list[Any] = [None] * world_size()
     dist.all_gather_object(parts, obj)
     merged: dict[str, list[float]] = {}
     for part in parts:
-        for key, (total, count) in part.items():
-            acc = merged.setdefault(key, [0.0, 0.0])
-            acc[0] += total
-            acc[1] += count
+        for key, value in part.items():
+            acc = merged.setdefault(key, [0.0, 0.0] + ([float("-inf")] if len(value) > 2 else []))
+            acc[0] += value[0]
+            acc[1] += value[1]
+            if len(value) > 2:
+                acc[2] = max(acc[2], value[2])
     return merged
 
 

@@ -180,7 +180,8 @@ class TrainBatch:
         old_logprobs: ``[N, T]`` log-probs under the policy before this update.
         advantages: ``[N]`` per-turn advantage.
         returns: ``[N]`` per-turn return target for a critic (zeros without one).
-        clip_eps: ``[N]`` per-turn multiplier of the clip half-widths (1.0 = as configured).
+        clip_scale: ``[N]`` per-turn multiplier of ``algorithm.clip_eps_low/high`` (1.0 = as configured;
+            A²TGPO sets it per turn).
         is_replay: ``[N]`` bool, the sample came from the replay buffer.
         value_positions: ``[N]`` column in ``input_ids`` of the last prompt token (critic reads V(s)).
         ref_logprobs: ``[N, T]`` log-probs under the frozen reference model, or None without KL.
@@ -196,7 +197,7 @@ class TrainBatch:
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
-    clip_eps: torch.Tensor
+    clip_scale: torch.Tensor
     is_replay: torch.Tensor
     value_positions: torch.Tensor
     ref_logprobs: torch.Tensor | None = None

@@ -31,7 +31,7 @@ class RankSkewProbe(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_rank != 0:
             return
-        kwargs = pl_module._resolve_env().kwargs
+        kwargs = pl_module.env_cfg.kwargs
         if pl_module.iteration == 0:
             pl_module.set_env_kwargs({"inner_kwargs": {**kwargs["inner_kwargs"], "max_steps": 1}})
         elif pl_module.iteration == 1:

@@ -12,9 +12,10 @@ from torch.testing import assert_close
 
 from rspo_lightning.advantages import (
     ESTIMATORS,
-    A2TGPOResult,
-    GAEResult,
+    GROUP_RELATIVE,
+    AdvantageResult,
     a2tgpo_advantages,
+    check_estimator_kwargs,
     compute_advantages,
     gae_advantages,
     gigpo_advantages,
@@ -76,24 +77,24 @@ def test_grpo_std_two_groups_multi_turn():
     # group 1: mean 1, deviations (1, -1), unbiased std sqrt((1+1)/1) = sqrt(2)
     g0 = [0.5 / (0.5 + EPS), -0.5 / (0.5 + EPS), 0.0]
     g1 = [1 / (math.sqrt(2) + EPS), -1 / (math.sqrt(2) + EPS)]
-    check(grpo_advantages(r, ti, gi, tu), broadcast(g0 + g1, LENGTHS))
+    check(grpo_advantages(r, ti, gi, tu).advantages, broadcast(g0 + g1, LENGTHS))
 
 
 def test_grpo_mean_norm():
     r, ti, gi, tu, _ = flat(TWO_GROUPS)
-    check(grpo_advantages(r, ti, gi, tu, norm="mean"), broadcast([0.5, -0.5, 0, 1, -1], LENGTHS))
+    check(grpo_advantages(r, ti, gi, tu, norm="mean").advantages, broadcast([0.5, -0.5, 0, 1, -1], LENGTHS))
 
 
 def test_traj_index_may_restart_in_every_group():
     r, _, gi, tu, _ = flat(TWO_GROUPS)
     local = torch.tensor(broadcast([0, 1, 2, 0, 1], LENGTHS))
-    check(grpo_advantages(r, local, gi, tu, norm="mean"), broadcast([0.5, -0.5, 0, 1, -1], LENGTHS))
+    check(grpo_advantages(r, local, gi, tu, norm="mean").advantages, broadcast([0.5, -0.5, 0, 1, -1], LENGTHS))
 
 
 def test_rloo_two_groups():
     r, ti, gi, tu, _ = flat(TWO_GROUPS)
     # 1 - (0 + 0.5)/2, 0 - (1 + 0.5)/2, 0.5 - (1 + 0)/2 ; 2 - 0, 0 - 2
-    check(rloo_advantages(r, ti, gi, tu), broadcast([0.75, -0.75, 0.0, 2.0, -2.0], LENGTHS))
+    check(rloo_advantages(r, ti, gi, tu).advantages, broadcast([0.75, -0.75, 0.0, 2.0, -2.0], LENGTHS))
 
 
 def test_zero_variance_and_singleton_groups_give_zeros():
@@ -107,10 +108,10 @@ def test_zero_variance_and_singleton_groups_give_zeros():
     ]
     r, ti, gi, tu, _ = flat(trajs)
     for norm in ("std", "mean"):
-        out = grpo_advantages(r, ti, gi, tu, norm=norm)
+        out = grpo_advantages(r, ti, gi, tu, norm=norm).advantages
         assert torch.isfinite(out).all()
         check(out, [0.0] * 10)
-    check(rloo_advantages(r, ti, gi, tu), [0.0] * 10)
+    check(rloo_advantages(r, ti, gi, tu).advantages, [0.0] * 10)
 
 
 # episode_stats="steps": each turn sample carries its trajectory's return R(tau).
@@ -141,9 +142,9 @@ def test_grpo_step_statistics_by_hand():
         + [-0.5 / (s1 + EPS)] * 2 + [1 / (s1 + EPS)]
         + [0.0] + [0.0] * 3
     )
-    check(grpo_advantages(r, ti, gi, tu, episode_stats="steps"), expected_std)
+    check(grpo_advantages(r, ti, gi, tu, episode_stats="steps").advantages, expected_std)
     expected_mean = [0.75, -0.25, -0.25, -0.25, -0.5, -0.5, 1.0, 0.0, 0.0, 0.0, 0.0]
-    check(grpo_advantages(r, ti, gi, tu, norm="mean", episode_stats="steps"), expected_mean)
+    check(grpo_advantages(r, ti, gi, tu, norm="mean", episode_stats="steps").advantages, expected_mean)
     # trajectory statistics (default): group 0 mean 0.5, std sqrt(0.5); group 1 mean 1.25,
     #   deviations (-0.75, 0.75), std sqrt(1.125)
     s0, s1t = math.sqrt(0.5), math.sqrt(1.125)
@@ -152,8 +153,8 @@ def test_grpo_step_statistics_by_hand():
         + [-0.75 / (s1t + EPS)] * 2 + [0.75 / (s1t + EPS)]
         + [0.0] * 4
     )
-    check(grpo_advantages(r, ti, gi, tu), expected_traj)
-    check(grpo_advantages(r, ti, gi, tu, episode_stats="trajectory"), expected_traj)
+    check(grpo_advantages(r, ti, gi, tu).advantages, expected_traj)
+    check(grpo_advantages(r, ti, gi, tu, episode_stats="trajectory").advantages, expected_traj)
 
 
 def test_rloo_step_statistics_by_hand():
@@ -164,13 +165,13 @@ def test_rloo_step_statistics_by_hand():
     #   traj 2's samples: 0.5 - (3 - 0.5)/2 = -0.75 ; traj 3's: 2 - (3 - 2)/2 = 1.5
     # group 2: one sample -> 0 ; group 3: one trajectory, all samples R = 0.1 -> 0
     expected = [1.0, -1 / 3, -1 / 3, -1 / 3, -0.75, -0.75, 1.5, 0.0, 0.0, 0.0, 0.0]
-    out = rloo_advantages(r, ti, gi, tu, episode_stats="steps")
+    out = rloo_advantages(r, ti, gi, tu, episode_stats="steps").advantages
     check(out, expected)
     assert (out[7:] == 0).all()  # exactly 0, not a rounding residue
     # trajectory statistics (default): 1 - 0, 0 - 1 ; 0.5 - 2, 2 - 0.5 ; 0 ; 0
     expected_traj = [1.0, -1.0, -1.0, -1.0, -1.5, -1.5, 1.5, 0.0, 0.0, 0.0, 0.0]
-    check(rloo_advantages(r, ti, gi, tu), expected_traj)
-    check(rloo_advantages(r, ti, gi, tu, episode_stats="trajectory"), expected_traj)
+    check(rloo_advantages(r, ti, gi, tu).advantages, expected_traj)
+    check(rloo_advantages(r, ti, gi, tu, episode_stats="trajectory").advantages, expected_traj)
 
 
 def test_step_statistics_option_is_validated():
@@ -184,12 +185,12 @@ def test_step_statistics_option_is_validated():
     out = compute_advantages(
         "rloo", rewards=r, traj_index=ti, group_index=gi, turn_index=tu, episode_stats="steps"
     )
-    check(out, [1.0, -1 / 3, -1 / 3, -1 / 3, -0.75, -0.75, 1.5, 0.0, 0.0, 0.0, 0.0])
+    check(out.advantages, [1.0, -1 / 3, -1 / 3, -1 / 3, -0.75, -0.75, 1.5, 0.0, 0.0, 0.0, 0.0])
 
 
 def test_output_dtype_and_device_follow_rewards():
     r, ti, gi, tu, _ = flat(TWO_GROUPS)
-    out = grpo_advantages(r.float(), ti, gi, tu)
+    out = grpo_advantages(r.float(), ti, gi, tu).advantages
     assert out.dtype == torch.float32 and out.shape == (10,)
 
 
@@ -206,7 +207,7 @@ def test_gae_three_turns_by_hand():
     r, ti, gi, tu, _ = flat([(0, 0, [0.5, 0.0, 1.0], None), (0, 1, [1.0], None)])
     values = torch.tensor([0.2, 0.4, 0.6, 0.3], dtype=torch.float64)
     out = gae_advantages(r, ti, gi, tu, values=values, gamma=0.9, lam=0.8)
-    assert isinstance(out, GAEResult)
+    assert isinstance(out, AdvantageResult) and out.clip_scale is None
     check(out.advantages, [0.96816, 0.428, 0.4, 0.7])
     check(out.returns, [0.96816 + 0.2, 0.428 + 0.4, 0.4 + 0.6, 0.7 + 0.3])
 
@@ -280,7 +281,7 @@ EP_STEPS_MEAN = broadcast([2 / 7, -5 / 7, 2 / 7, 1 / 3, -2 / 3], GIGPO_LENGTHS)
 
 def _gigpo(**kw):
     r, ti, gi, tu, anchors = flat(GIGPO)
-    return gigpo_advantages(r, ti, gi, tu, anchors=anchors, gamma=0.5, **kw)
+    return gigpo_advantages(r, ti, gi, tu, anchors=anchors, gamma=0.5, **kw).advantages
 
 
 @pytest.mark.parametrize(
@@ -311,11 +312,11 @@ def test_gigpo_same_anchor_in_other_group_not_pooled():
 def test_gigpo_without_repeated_states_equals_grpo():
     trajs = [(g, t, rs, [f"u{t}_{k}" for k in range(len(rs))]) for g, t, rs, _ in TWO_GROUPS]
     r, ti, gi, tu, anchors = flat(trajs)
-    out = gigpo_advantages(r, ti, gi, tu, anchors=anchors)
+    out = gigpo_advantages(r, ti, gi, tu, anchors=anchors).advantages
     g0 = [0.5 / (0.5 + EPS), -0.5 / (0.5 + EPS), 0.0]
     g1 = [1 / (math.sqrt(2) + EPS), -1 / (math.sqrt(2) + EPS)]
     check(out, broadcast(g0 + g1, LENGTHS))
-    check(out, grpo_advantages(r, ti, gi, tu).tolist())
+    check(out, grpo_advantages(r, ti, gi, tu).advantages.tolist())
 
 
 # --------------------------------------------------------------------------------------- ProxMO
@@ -341,7 +342,7 @@ def test_proxmo_episode_weights_for_known_success_rate():
     success = torch.tensor([True, False, False, False])
     out = proxmo_advantages(
         r, ti, gi, tu, anchors=anchors, success=success, norm="mean", omega=0.0
-    )
+    ).advantages
     w_plus = 1 + BETA * (SIG(0.75**4) - 0.5)
     w_minus = 1 + BETA * (SIG(-(0.25**4)) - 0.5)
     check(out, [0.75 * w_plus, -0.25 * w_minus, -0.25 * w_minus, -0.25 * w_minus])
@@ -369,7 +370,7 @@ def test_proxmo_soft_baseline_identical_and_disjoint_anchors():
     success = torch.tensor([True, False, False])
     out = proxmo_advantages(
         r, ti, gi, tu, anchors=anchors, success=success, norm="mean", tau=0.1
-    )
+    ).advantages
     e = math.exp(10)
     b01 = (e * 1 + e * 0 + 1 * 0.5) / (2 * e + 1)
     b2 = (1 * 1 + 1 * 0 + e * 0.5) / (e + 2)
@@ -388,7 +389,7 @@ def test_proxmo_groups_are_separate_and_singletons_zero():
     )
     out = proxmo_advantages(
         r, ti, gi, tu, anchors=anchors, success=torch.tensor([1, 0, 1]), norm="mean", omega=1.0
-    )
+    ).advantages
     assert out[2].item() == pytest.approx(0.0, abs=1e-12)
     e = math.exp(10)
     w_plus = 1 + BETA * (SIG(0.5**4) - 0.5)
@@ -428,7 +429,7 @@ def test_a2tgpo_sqrt_normalised_accumulation():
     # traj 1: t2 0; t1 -K/sqrt2; t0 (0 + 0.5*(-K))/sqrt3
     # traj 2: t2 0; t1 0; t0 K/sqrt3
     out = _a2t()
-    assert isinstance(out, A2TGPOResult)
+    assert isinstance(out, AdvantageResult) and out.returns is None
     expected = [
         E_POS - 0.25 * K, E_POS + K / math.sqrt(3), E_POS, E_POS,
         E_NEG - 0.5 * K / math.sqrt(3), E_NEG - K / math.sqrt(2), E_NEG,
@@ -454,26 +455,32 @@ def test_a2tgpo_turn_group_size_stops_accumulation():
 
 
 def test_a2tgpo_signal_clip():
-    # eps * clamp(1 + kappa*ghat, 1 - delta, 1 + delta) with kappa 0.5, delta 0.3:
-    # ghat = -K -> 1 - 0.5K ~ 0.5 -> clamped 0.7 ; 0 -> 1 ; +K -> ~1.5 -> clamped 1.3
-    out = _a2t(epsilon=0.2, kappa=0.5, delta=0.3)
-    factors = [0.7, 1.3, 1, 1, 1, 0.7, 1, 1.3, 1, 1, 1, 1]
-    check(out.clip_eps, [0.2 * f for f in factors])
+    # clip_scale, the multiplier of clip_eps_low/high: clamp(1 + kappa*ghat, 1 - delta, 1 + delta)
+    # with kappa 0.5, delta 0.3: ghat = -K -> 1 - 0.5K ~ 0.5 -> clamped 0.7 ; 0 -> 1 ;
+    # +K -> ~1.5 -> clamped 1.3
+    out = _a2t(kappa=0.5, delta=0.3)
+    check(out.clip_scale, [0.7, 1.3, 1, 1, 1, 0.7, 1, 1.3, 1, 1, 1, 1])
     # no clamping: kappa 0.2, delta 0.5 -> 1 -+ 0.2K
-    out = _a2t(epsilon=0.2, kappa=0.2, delta=0.5)
+    out = _a2t(kappa=0.2, delta=0.5)
     lo, hi = 1 - 0.2 * K, 1 + 0.2 * K
-    check(out.clip_eps, [0.2 * f for f in [lo, hi, 1, 1, 1, lo, 1, hi, 1, 1, 1, 1]])
+    check(out.clip_scale, [lo, hi, 1, 1, 1, lo, 1, hi, 1, 1, 1, 1])
+
+
+def test_a2tgpo_has_no_epsilon_of_its_own():
+    # the configured clip_eps_low/high is the paper's epsilon; a2tgpo only scales it
+    with pytest.raises(TypeError, match="epsilon"):
+        _a2t(epsilon=0.2)
 
 
 def test_a2tgpo_inverse_advantage_clip():
-    out = _a2t(clip_mode="inverse_advantage", epsilon=0.2, beta=2.0)
+    out = _a2t(clip_mode="inverse_advantage", beta=2.0)
     adv = [
         E_POS - 0.25 * K, E_POS + K / math.sqrt(3), E_POS, E_POS,
         E_NEG - 0.5 * K / math.sqrt(3), E_NEG - K / math.sqrt(2), E_NEG,
         E_POS + K / math.sqrt(3), E_POS, E_POS,
         0.0, 0.0,
     ]  # fmt: skip
-    check(out.clip_eps, [0.2 / (1 + 2.0 * abs(a)) for a in adv])
+    check(out.clip_scale, [1 / (1 + 2.0 * abs(a)) for a in adv])
 
 
 def test_a2tgpo_mean_norm_changes_only_episode_term():
@@ -497,7 +504,8 @@ def test_registry_and_compute_advantages():
     out = compute_advantages(
         "rloo", rewards=r, traj_index=ti, group_index=gi, turn_index=tu
     )
-    check(out, broadcast([0.75, -0.75, 0.0, 2.0, -2.0], LENGTHS))
+    assert isinstance(out, AdvantageResult) and out.returns is None and out.clip_scale is None
+    check(out.advantages, broadcast([0.75, -0.75, 0.0, 2.0, -2.0], LENGTHS))
     with pytest.raises(ValueError, match="'ppo'.*a2tgpo.*gae.*gigpo.*grpo.*proxmo.*rloo"):
         compute_advantages("ppo", rewards=r)
 
@@ -561,21 +569,196 @@ def test_all_estimators_finite_and_group_relative(trajs):
     r, ti, gi, tu, anchors = flat(trajs)
     success = torch.zeros(len(r), dtype=torch.bool)
     outs = [
-        grpo_advantages(r, ti, gi, tu),
-        grpo_advantages(r, ti, gi, tu, episode_stats="steps"),
-        rloo_advantages(r, ti, gi, tu),
-        rloo_advantages(r, ti, gi, tu, episode_stats="steps"),
+        grpo_advantages(r, ti, gi, tu).advantages,
+        grpo_advantages(r, ti, gi, tu, episode_stats="steps").advantages,
+        rloo_advantages(r, ti, gi, tu).advantages,
+        rloo_advantages(r, ti, gi, tu, episode_stats="steps").advantages,
         gae_advantages(r, ti, gi, tu, values=torch.zeros_like(r)).advantages,
-        gigpo_advantages(r, ti, gi, tu, anchors=anchors),
-        proxmo_advantages(r, ti, gi, tu, anchors=anchors, success=success),
+        gigpo_advantages(r, ti, gi, tu, anchors=anchors).advantages,
+        proxmo_advantages(r, ti, gi, tu, anchors=anchors, success=success).advantages,
         a2tgpo_advantages(r, ti, gi, tu, signals=r).advantages,
     ]
     for out in outs:
         assert out.shape == r.shape and torch.isfinite(out).all()
     # GRPO (mean norm) sums to zero over each group's trajectories (first turn of each)
-    mean_adv = grpo_advantages(r, ti, gi, tu, norm="mean")
+    mean_adv = grpo_advantages(r, ti, gi, tu, norm="mean").advantages
     first = torch.ones_like(tu, dtype=torch.bool)
     first[1:] = ti[1:] != ti[:-1]
     for g in gi.unique():
         sel = first & (gi == g)
         assert abs(mean_adv[sel].sum().item()) < 1e-9
+
+
+# ------------------------------------------------------------------- contracts, kwargs checking
+
+
+def test_registry_declares_each_estimators_contract():
+    # name: (inputs, group_relative, needs_critic, needs_dense), written out by hand
+    expected = {
+        "grpo": ((), True, False, False),
+        "rloo": ((), True, False, False),
+        "gae": (("values",), False, True, False),
+        "gigpo": (("anchors",), True, False, False),
+        "proxmo": (("anchors", "success"), True, False, False),
+        "a2tgpo": (("signals",), True, False, True),
+    }
+    got = {n: (e.inputs, e.group_relative, e.needs_critic, e.needs_dense) for n, e in ESTIMATORS.items()}
+    assert got == expected
+    assert GROUP_RELATIVE == {"grpo", "rloo", "gigpo", "proxmo", "a2tgpo"}
+    assert ESTIMATORS["a2tgpo"].tunables == ["beta", "clip_mode", "delta", "gamma", "kappa", "norm", "turn_group_size"]
+    assert ESTIMATORS["gae"].tunables == ["gamma", "lam"]
+    assert ESTIMATORS["grpo"].tunables == ["episode_stats", "norm"]
+
+
+def test_estimator_kwargs_check_names_the_key_the_nearest_and_the_accepted():
+    check_estimator_kwargs("gigpo", {"gamma": 0.9, "omega": 0.5, "norm": "mean", "episode_stats": "steps"})
+    with pytest.raises(ValueError) as err:
+        check_estimator_kwargs("a2tgpo", {"epsilon": 0.2})
+    assert str(err.value) == (
+        "algorithm.estimator_kwargs: unknown key 'epsilon' for a2tgpo; it accepts "
+        "['beta', 'clip_mode', 'delta', 'gamma', 'kappa', 'norm', 'turn_group_size']"
+    )
+    with pytest.raises(ValueError) as err:
+        check_estimator_kwargs("gigpo", {"omgea": 1.0})
+    assert str(err.value) == (
+        "algorithm.estimator_kwargs: unknown key 'omgea' for gigpo (did you mean 'omega'?); it accepts "
+        "['episode_stats', 'gamma', 'norm', 'omega']"
+    )
+    # what the module supplies from the batch cannot be set
+    for name, key in (("gigpo", "anchors"), ("gae", "values"), ("grpo", "rewards"), ("rloo", "traj_index")):
+        with pytest.raises(ValueError, match=f"key '{key}' for {name} is supplied by the module"):
+            check_estimator_kwargs(name, {key: None})
+    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'"):
+        check_estimator_kwargs("ppo", {})
+
+
+# ---------------------------------------------------------- turn_advantages on a FlatTurns batch
+
+
+def check32(actual, expected):
+    """FlatTurns holds float32 rewards, so the results are float32."""
+    assert actual.dtype == torch.float32
+    assert_close(actual, torch.tensor(expected, dtype=torch.float32), rtol=1e-6, atol=1e-6)
+
+
+def _turn(valid=True, reward=0.0, dense=0.0, stored=None, anchor="s"):
+    from rspo_lightning.types import Turn
+
+    return Turn(prompt_ids=torch.tensor([1, 2]), response_ids=torch.tensor([3]),
+                behaviour_logprobs=torch.tensor([-1.0]), action="x", valid=valid, observation="o",
+                anchor=anchor, outcome_reward=reward, dense_reward=dense, replay_advantage=stored)
+
+
+def _traj(group, turns, source="on_policy"):
+    from rspo_lightning.types import TaskSpec, Trajectory
+
+    task = TaskSpec("rspo/Household-v0", "train", group, group)
+    return Trajectory(task=task, turns=turns, success=any(t.outcome_reward > 0 for t in turns), source=source)
+
+
+def _penalty_batch():
+    # group 0: T0 = (invalid, invalid, valid r=1), R = 1 ; T1 = (invalid, valid r=0), R = 0
+    # group 1: T2 = (valid r=1), R = 1 ; T3 = (invalid, valid r=1), R = 1
+    # dense rewards and a stored replay_advantage on on-policy turns must not matter
+    return [
+        _traj(0, [_turn(False, dense=0.3), _turn(False, stored=9.0), _turn(True, 1.0)]),
+        _traj(0, [_turn(False), _turn(True, 0.0, dense=0.5)]),
+        _traj(1, [_turn(True, 1.0)]),
+        _traj(1, [_turn(False), _turn(True, 1.0)]),
+    ]
+
+
+def _algo(**kw):
+    from rspo_lightning.config import AlgorithmConfig
+
+    return AlgorithmConfig(**{"estimator": "grpo", "estimator_kwargs": {"norm": "mean"},
+                              "invalid_action_penalty": 0.25, **kw})
+
+
+def test_turn_advantages_penalty_on_the_advantage():
+    from rspo_lightning.advantages import turn_advantages
+    from rspo_lightning.batching import flatten
+
+    flat_turns = flatten(_penalty_batch())
+    result, estimator = turn_advantages(flat_turns, _algo(penalty_at="advantage"))
+    # GRPO (mean): group 0 mean 0.5 -> T0 +0.5, T1 -0.5 ; group 1 equal returns -> 0
+    check32(estimator, [0.5, 0.5, 0.5, -0.5, -0.5, 0.0, 0.0, 0.0])
+    # then -0.25 on each invalid turn alone
+    check32(result.advantages, [0.25, 0.25, 0.5, -0.75, -0.5, 0.0, -0.25, 0.0])
+    assert result.returns is None and result.clip_scale is None
+    # the default config places it here too; std norm: group 0 deviations +-0.5, std sqrt(0.5)
+    result, _ = turn_advantages(flat_turns, _algo(estimator_kwargs={}))
+    a = 0.5 / (math.sqrt(0.5) + EPS)
+    check32(result.advantages, [a - 0.25, a - 0.25, a, -a - 0.25, -a, 0.0, -0.25, 0.0])
+
+
+def test_turn_advantages_penalty_on_the_reward():
+    from rspo_lightning.advantages import turn_advantages
+    from rspo_lightning.batching import flatten
+
+    result, estimator = turn_advantages(flatten(_penalty_batch()), _algo(penalty_at="reward"))
+    # rewards lose 0.25 per invalid turn: R(T0) = 1 - 0.5 = 0.5, R(T1) = -0.25 -> mean 0.125,
+    # advantages +-0.375 ; R(T2) = 1, R(T3) = 0.75 -> mean 0.875, advantages +-0.125
+    expected = [0.375] * 3 + [-0.375] * 2 + [0.125] + [-0.125] * 2
+    check32(result.advantages, expected)
+    check32(estimator, expected)  # nothing is added after the estimator
+
+
+def test_turn_advantages_replayed_rows_take_their_stored_advantage():
+    from rspo_lightning.advantages import turn_advantages
+    from rspo_lightning.batching import flatten
+
+    trajs = _penalty_batch()[:2] + [
+        # a replay group: T4 = (valid, stored 0.7; invalid r=1, stored -0.3), T5 = (valid r=0, none stored)
+        _traj(0, [_turn(True, stored=0.7), _turn(False, 1.0, stored=-0.3)], source="replay"),
+        _traj(0, [_turn(True, 0.0)], source="replay"),
+    ]
+    flat_turns = flatten(trajs)
+    result, estimator = turn_advantages(flat_turns, _algo(penalty_at="advantage"))
+    # replay group: R(T4) = 1, R(T5) = 0 -> +-0.5; T4's rows are overridden, T5 keeps -0.5;
+    # the on-policy turn's stored 9.0 is ignored (not a replayed row)
+    check32(estimator, [0.5, 0.5, 0.5, -0.5, -0.5, 0.7, -0.3, -0.5])
+    check32(result.advantages, [0.25, 0.25, 0.5, -0.75, -0.5, 0.7, -0.55, -0.5])
+    result, estimator = turn_advantages(flat_turns, _algo(penalty_at="reward"))
+    # replay group rewards: R(T4) = 1 - 0.25 = 0.75, R(T5) = 0 -> mean 0.375, T5 -0.375
+    check32(result.advantages, [0.375] * 3 + [-0.375] * 2 + [0.7, -0.3, -0.375])
+    check32(estimator, result.advantages.tolist())
+
+
+def test_turn_advantages_passes_values_and_signals_and_keeps_returns_and_clip_scale():
+    from rspo_lightning.advantages import turn_advantages
+    from rspo_lightning.batching import flatten
+
+    # gae, gamma = lam = 1: rewards (0, 1), V = (0.5, 0.5) -> A = (1 - 0.5, 1 - 0.5), returns (1, 1)
+    flat_turns = flatten([_traj(0, [_turn(False), _turn(True, 1.0)])])
+    values = torch.tensor([0.5, 0.5])
+    result, estimator = turn_advantages(flat_turns, _algo(estimator="gae", estimator_kwargs={}), values)
+    check32(estimator, [0.5, 0.5])
+    check32(result.advantages, [0.25, 0.5])
+    check32(result.returns, [1.0, 1.0])  # the critic's target is the estimator's
+    # reward placement: rewards (-0.25, 1) -> A = (0.75 - 0.5, 0.5), returns (0.75, 1)
+    result, _ = turn_advantages(flat_turns, _algo(estimator="gae", estimator_kwargs={}, penalty_at="reward"), values)
+    check32(result.advantages, [0.25, 0.5])
+    check32(result.returns, [0.75, 1.0])
+    with pytest.raises(ValueError, match="needs critic values"):
+        turn_advantages(flat_turns, _algo(estimator="gae", estimator_kwargs={}))
+    # a2tgpo reads flat.dense: one-turn trajectories with signals (0, 1) in one (group, turn)
+    # cell: mean 0.5, deviations -+0.5, unbiased std sqrt(0.5) -> ghat = -+g ;
+    # clip_scale = clamp(1 -+ 0.5 g, 0.5, 1.5) (kappa 0.5, delta 0.5)
+    g = 0.5 / (math.sqrt(0.5) + EPS)
+    flat_turns = flatten([_traj(0, [_turn(True, 0.0, dense=0.0)]), _traj(0, [_turn(True, 0.0, dense=1.0)])])
+    result, _ = turn_advantages(flat_turns, _algo(estimator="a2tgpo", estimator_kwargs={}))
+    check32(result.clip_scale, [1 - 0.5 * g, 1 + 0.5 * g])
+    check32(result.advantages, [-g, g])  # A^E = 0 (equal returns) + ghat / sqrt(1)
+
+
+def test_outcome_advantages_leave_out_an_advantage_penalty_and_keep_a_reward_one():
+    from rspo_lightning.advantages import outcome_advantages
+
+    trajs = _penalty_batch()
+    assert outcome_advantages(trajs, _algo(penalty_at="advantage")) == pytest.approx(
+        [0.5, 0.5, 0.5, -0.5, -0.5, 0.0, 0.0, 0.0], abs=1e-12)
+    assert outcome_advantages(trajs, _algo(penalty_at="reward")) == pytest.approx(
+        [0.375] * 3 + [-0.375] * 2 + [0.125] + [-0.125] * 2, abs=1e-12)
+    assert outcome_advantages(trajs, _algo(estimator="gae", estimator_kwargs={})) is None
+    assert outcome_advantages([], _algo()) is None

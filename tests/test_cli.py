@@ -1,6 +1,7 @@
 """Integration: ``rspo-lightning fit`` on a tiny config in a subprocess."""
 
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -78,6 +79,20 @@ def test_fit_writes_metrics_and_changes_weights(tmp_path):
     assert changed, "no parameter changed during fit"
     assert ckpt["rspo_iteration"] == 2
 
+    # `predict` plays the held-out tasks of data.val_splits with the checkpoint and writes them as
+    # trajectory JSONL, each turn with its prompt and response text
+    from rspo_lightning.trajectory_io import load_trajectories
+
+    out = tmp_path / "episodes.jsonl"
+    proc = _run(["predict", *TINY_ARGS[1:], "--ckpt_path", str(ckpt_dir / "last.ckpt"), "--data.val_splits", "[valid_unseen]",
+                 "--model.predict_path", str(out), "--trainer.logger", "false"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"predict: 4 episodes" in proc.stdout and str(out) in proc.stdout
+    episodes = load_trajectories(str(out))
+    assert sorted(t.task.task_id for t in episodes) == [0, 1, 2, 3] and {t.task.split for t in episodes} == {"valid_unseen"}
+    first = json.loads(out.read_text().splitlines()[0])
+    assert first["turns"] and all(turn["response_text"] and turn["prompt_text"] for turn in first["turns"])
+
 
 def test_help_documents_every_argument():
     proc = _run(["fit", "--help"], cwd=ROOT)
@@ -140,3 +155,28 @@ def test_test_plays_the_test_split_where_the_env_has_one():
     assert shop.test_splits() == ["test"] and household.test_splits() == ["valid_seen", "valid_unseen"]
     assert [AgentRLModule.metric_prefix(s, "test") for s in ("test", "valid_seen", "valid_unseen")] == ["test", "test_seen", "test_unseen"]
     assert [AgentRLModule.metric_prefix(s, "val") for s in ("valid", "valid_seen", "valid_unseen")] == ["val", "val", "val_unseen"]
+
+
+def test_the_env_is_set_once_in_data_env_and_reaches_the_module(tmp_path):
+    """``data.env`` is linked to ``model.env`` (LightningCLI link_arguments): the module plays
+    the env the datamodule draws tasks from, set in one place; ``model.env`` is not an option."""
+    from lightning.pytorch import LightningDataModule, LightningModule
+
+    from rspo_lightning.cli import AgentCLI
+    from rspo_lightning.datamodules import AgentDataModule
+    from rspo_lightning.module import AgentRLModule
+
+    args = ["--config", os.path.join(ROOT, "configs", "quickstart.yaml"), "--data.env.kwargs.max_steps", "3",
+            "--trainer.logger", "false"]
+    cli = AgentCLI(AgentRLModule, AgentDataModule, run=False, args=args, auto_configure_optimizers=False)
+    assert cli.model.env_cfg == cli.datamodule.env
+    assert cli.model.env_cfg.env_id == "rspo/Household-v0" and cli.model.env_cfg.kwargs["max_steps"] == 3
+    out = _run(["fit", "--config", os.path.join(ROOT, "configs", "quickstart.yaml"), "--model.env.env_id", "x",
+                "--print_config"], tmp_path)
+    assert out.returncode != 0 and "data.env.env_id" in out.stderr  # the error points at the one place to set it
+    # naming the classes (subclass mode, no parser link): an unset model.env still gets the datamodule's
+    cli = AgentCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, run=False,
+                   auto_configure_optimizers=False,
+                   args=["--model", "rspo_lightning.module.AgentRLModule", "--data", "rspo_lightning.datamodules.AgentDataModule",
+                         "--data.env.kwargs", '{"max_steps": 2}', "--trainer.logger", "false"])
+    assert cli.model.env_cfg == cli.datamodule.env and cli.model.env_cfg.kwargs == {"max_steps": 2}

@@ -53,3 +53,30 @@ def test_unknown_key_names_it_the_nearest_and_the_fields(make, message):
 def test_a_value_that_is_neither_names_the_type():
     with pytest.raises(TypeError, match=r"policy.tiny must be a TinyModelConfig or a dict of its fields, got int 128"):
         PolicyConfig(tiny=128)
+
+
+def test_unknown_estimator_kwargs_key_fails_at_startup_naming_the_accepted_ones():
+    with pytest.raises(ValueError) as err:
+        AlgorithmConfig(estimator="a2tgpo", estimator_kwargs={"epsilon": 0.2})
+    assert str(err.value) == (
+        "algorithm.estimator_kwargs: unknown key 'epsilon' for a2tgpo; it accepts "
+        "['beta', 'clip_mode', 'delta', 'gamma', 'kappa', 'norm', 'turn_group_size']")
+    with pytest.raises(ValueError, match=r"unknown key 'lambda' for gae \(did you mean 'lam'\?\); it accepts \['gamma', 'lam'\]"):
+        AlgorithmConfig(estimator="gae", estimator_kwargs={"lambda": 0.95})
+    with pytest.raises(ValueError, match="key 'anchors' for gigpo is supplied by the module"):
+        AlgorithmConfig(estimator="gigpo", estimator_kwargs={"anchors": ["s"]})
+    assert AlgorithmConfig(estimator="a2tgpo", estimator_kwargs={"kappa": 0.5, "clip_mode": "signal"}).estimator == "a2tgpo"
+
+
+def test_penalty_at_defaults_to_the_advantage_and_is_validated():
+    assert AlgorithmConfig().penalty_at == "advantage"
+    assert AlgorithmConfig(penalty_at="reward").penalty_at == "reward"
+    with pytest.raises(ValueError, match=r"algorithm.penalty_at must be advantage .* or reward .*, got 'score'"):
+        AlgorithmConfig(penalty_at="score")
+
+
+def test_known_and_group_relative_estimators_come_from_the_registry():
+    from rspo_lightning.config import GROUP_RELATIVE, KNOWN_ESTIMATORS
+
+    assert KNOWN_ESTIMATORS == {"grpo", "rloo", "gae", "gigpo", "proxmo", "a2tgpo"}
+    assert GROUP_RELATIVE == KNOWN_ESTIMATORS - {"gae"}

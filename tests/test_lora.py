@@ -14,6 +14,7 @@ from rspo_lightning.datamodules import AgentDataModule  # noqa: E402
 from rspo_lightning.module import AgentRLModule  # noqa: E402
 from rspo_lightning.policy import TinyModelConfig  # noqa: E402
 from rspo_lightning.rewards import EnvProgressReward  # noqa: E402
+from rspo_lightning import scoring  # noqa: E402
 from rspo_lightning.rollout import RolloutConfig  # noqa: E402
 from rspo_lightning.types import TaskSpec  # noqa: E402
 
@@ -42,7 +43,7 @@ def test_only_adapters_train_and_the_reference_is_the_frozen_base():
     trajs = m.engine.collect([TaskSpec("rspo/Household-v0", "train", i, i) for i in range(4)], 2)
     flat = flatten(trajs)
     batch = make_train_batch(flat, m.engine.pad_id, torch.zeros(len(flat.turns)))
-    m._score(batch)
+    batch, _ = m.score(batch)
     # adapters start at B = 0: the policy equals the base, so ref = old on every response token
     mask = batch.response_mask
     assert torch.allclose(batch.ref_logprobs[mask], batch.behaviour_logprobs[mask], atol=1e-4)
@@ -56,10 +57,10 @@ def test_only_adapters_train_and_the_reference_is_the_frozen_base():
     assert all(torch.equal(base_before[n], p) for n, p in m.named_parameters() if not p.requires_grad)
     assert any(p.abs().sum() > 0 for n, p in m.named_parameters() if "lora_B" in n)
     # the reference still scores like the untouched base; the policy no longer does
-    m._score(batch)
+    batch, _ = m.score(batch)
     assert torch.allclose(batch.ref_logprobs[mask], ref0[mask], atol=1e-5)
     with torch.no_grad():
-        now, _, _ = m.sequence_logprobs(m.policy, batch, 1.0)
+        now = scoring.forward(m.policy, batch, 1.0).logprobs
     assert (now[mask] - ref0[mask]).abs().max() > 1e-3
 
 

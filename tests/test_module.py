@@ -4,6 +4,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
+from rspo_lightning import advantages, scoring, update
 from rspo_lightning.batching import flatten, make_train_batch
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.critic import CriticConfig
@@ -42,6 +43,16 @@ def _start_head_at_one(head):
         head.linear.bias.fill_(1.0)
 
 
+class _Weights:
+    """A state-dict snapshot in the shape ``_changed`` reads."""
+
+    def __init__(self, state):
+        self._state = state
+
+    def state_dict(self):
+        return self._state
+
+
 def _snapshot(mod):
     return {k: v.detach().clone() for k, v in mod.state_dict().items()}
 
@@ -56,9 +67,9 @@ def test_scoring_forward_reproduces_behaviour_logprobs():
     trajs = m.engine.collect([TaskSpec("rspo/Household-v0", "train", i, i) for i in range(3)], 2)
     flat = flatten(trajs)
     batch = make_train_batch(flat, m.engine.pad_id, torch.zeros(len(flat.turns)))
-    target = torch.zeros_like(batch.old_logprobs)
-    m.algo.forward_batch_size = 4  # chunks of different response widths
-    m._fill_logprobs(m.policy, batch, torch.arange(len(batch)), target)
+    dummy = scoring.dummy_batch(m.engine.pad_id)
+    # chunks of 4 rows, of different response widths
+    target = scoring.chunked_logprobs(m.policy, batch, torch.arange(len(batch)), 1.0, 4, dummy)
     mask = batch.response_mask
     assert (target - batch.behaviour_logprobs).abs()[mask].max() < 1e-4
     assert (target[~mask] == 0).all()
@@ -115,26 +126,64 @@ def test_group_size_one_with_group_relative_estimator_fails_at_setup():
         trainer.fit(m, dm)
 
 
+def _scored_batch(m, tasks=3, advantages=None):
+    trajs = m.engine.collect([TaskSpec("rspo/Household-v0", "train", i, i) for i in range(tasks)], 2)
+    flat = flatten(trajs)
+    batch = make_train_batch(flat, m.engine.pad_id, advantages if advantages is not None else torch.linspace(-1, 1, len(flat.turns)))
+    return m.score(batch)[0]
+
+
 def test_non_finite_loss_skips_the_step_and_never_touches_the_weights():
-    m = _module()
-    original = m._loss
+    """``update.ppo_update`` without a Trainer: a NaN loss (and gradient) in one step leaves the
+    weights alone and counts a skipped step; the finite steps around it do move them."""
+    torch.manual_seed(0)
+    m = _module(algorithm=AlgorithmConfig(ppo_epochs=3, minibatch_size=1000))  # one optimizer step per epoch
+    batch = _scored_batch(m)
+    opt = torch.optim.SGD(m.policy.parameters(), lr=0.1)
     calls = {"n": 0}
 
-    def poisoned(mb, *args):
-        loss, stats = original(mb, *args)
+    def poisoned(mb, scale):
+        loss, stats = m.loss(mb, scale)
         calls["n"] += 1
-        return loss * float("nan"), stats  # every minibatch: NaN loss and NaN gradients
+        return (loss * float("nan"), stats) if calls["n"] == 2 else (loss, stats)  # the second epoch's step
 
-    m._loss = poisoned
+    snapshots = []  # the weights at every backward (one micro-batch per step here)
+
+    def backward(loss):
+        snapshots.append(_snapshot(m.policy))
+        loss.backward()
+
+    result = update.ppo_update(batch, poisoned, opt, m.algo, dummy=scoring.dummy_batch(m.engine.pad_id),
+                               generator=torch.Generator().manual_seed(0), backward=backward)
+    assert calls["n"] == 3 and result.skipped == 1 and result.steps == 2
+    first, second, third = snapshots
+    assert _changed(first, _Weights(second))  # the first step moved the weights
+    assert not _changed(second, _Weights(third))  # the skipped one did not
+    assert _changed(third, m.policy)  # the third step moved them again
+    assert all(torch.isfinite(v).all() for v in m.policy.state_dict().values())
+    assert all(torch.isfinite(torch.tensor(v)) for v in result.stats.values())
+    # every step poisoned: nothing moves at all
+    pol1 = _snapshot(m.policy)
+    result = update.ppo_update(batch, lambda mb, scale: (m.loss(mb, scale)[0] * float("nan"), {}), opt, m.algo,
+                               dummy=scoring.dummy_batch(m.engine.pad_id), generator=torch.Generator().manual_seed(0))
+    assert result.skipped == 3 and result.steps == 0 and not _changed(pol1, m.policy)
+
+
+def test_skipped_steps_are_counted_and_logged_by_the_module(monkeypatch):
+    m = _module()
+    real = update.ppo_update
+
+    def nan_loss(batch, loss_fn, *args, **kwargs):
+        return real(batch, lambda mb, scale: (loss_fn(mb, scale)[0] * float("nan"), {}), *args, **kwargs)
+
+    monkeypatch.setattr(update, "ppo_update", nan_loss)
     pol0 = _snapshot(m.policy)
     trainer = _fit(m, iterations=2)
-    assert calls["n"] > 0
     assert m.skipped_steps >= 2 and not _changed(pol0, m.policy)
-    assert all(torch.isfinite(v).all() for v in m.policy.state_dict().values())
     assert float(trainer.callback_metrics["train/skipped_steps"]) == m.skipped_steps
 
 
-def test_a2tgpo_needs_a_dense_reward_and_gets_progress_signals():
+def test_a2tgpo_needs_a_dense_reward_and_gets_progress_signals(monkeypatch):
     with pytest.raises(ValueError, match="a2tgpo needs a per-turn signal.*EnvProgressReward"):
         AgentRLModule(policy=PolicyConfig(tiny=TINY), env=ENV, algorithm=AlgorithmConfig(estimator="a2tgpo"))
     from rspo_lightning.rewards import EnvProgressReward
@@ -142,13 +191,13 @@ def test_a2tgpo_needs_a_dense_reward_and_gets_progress_signals():
     m = _module(algorithm=AlgorithmConfig(estimator="a2tgpo"), dense_reward=EnvProgressReward(),
                 rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt=""))
     seen = {}
-    original = m.compute_advantages
+    original = advantages.turn_advantages
 
-    def spy(flat, values=None):
+    def spy(flat, algo, values=None):
         seen["dense"] = flat.dense.clone()
-        return original(flat, values)
+        return original(flat, algo, values)
 
-    m.compute_advantages = spy
+    monkeypatch.setattr(advantages, "turn_advantages", spy)
     torch.manual_seed(0)
     _fit(m, iterations=1, groups=16)
     # each turn's signal is its progress delta (progress starts at 0 in pick-and-place)
@@ -187,10 +236,10 @@ def test_swap_partner_loss_is_added_with_its_warmed_up_coefficient():
     trajs = m.engine.collect([TaskSpec("rspo/Household-v0", "train", i, i) for i in range(3)], 2)
     flat = flatten(trajs)
     batch = make_train_batch(flat, m.engine.pad_id, torch.linspace(-1, 1, len(flat.turns)))
-    base, _ = m._loss(batch)
+    base, _ = m.loss(batch)
     m.algo.swap = SwapConfig(coef=0.5, strategy="knn", warmup_iterations=4)
     m.iteration = 2  # halfway through the warm-up: lambda = 0.25
-    total, stats = m._loss(batch)
+    total, stats = m.loss(batch)
     assert stats["swap_loss"] != 0
     assert torch.allclose(total, base + 0.25 * stats["swap_loss"], atol=1e-6)
     with pytest.raises(ValueError, match="swap.strategy"):

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from rspo_lightning.callbacks.rspo import RSPOLoop, repeat_visit_rate, replay_groups_per_rank
+from rspo_lightning import scoring, update
+from rspo_lightning.advantages import turn_advantages
 from rspo_lightning.batching import flatten, make_train_batch
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.datamodules import AgentDataModule
@@ -171,18 +173,18 @@ def test_replay_groups_per_rank_is_global_alpha_split_over_ranks():
         replay_groups_per_rank(16, 2, 1.0)
 
 
-def test_generalised_clip_centre_on_replay_and_on_policy_rows():
+def test_generalised_clip_centre_on_replay_and_on_policy_rows(monkeypatch):
     torch.manual_seed(0)
     m = _module()
     loop = _loop(k=1, offline_ratio=0.25)
     seen = []
-    original = m._update
+    original = update.ppo_update
 
-    def spy(batch, *args):
+    def spy(batch, *args, **kwargs):
         seen.append(batch)
-        return original(batch, *args)
+        return original(batch, *args, **kwargs)
 
-    m._update = spy
+    monkeypatch.setattr(update, "ppo_update", spy)
     _trainer([loop], max_epochs=1).fit(m, _dm(ipe=3))  # explore, collect, exploit
     batch = seen[-1]  # the exploit iteration's batch
     rep, mask = batch.is_replay, batch.response_mask
@@ -392,7 +394,7 @@ def test_default_replay_draws_only_trajectories_that_carry_advantage():
     # and they train with that advantage: the module's estimator rows for replay take the stored value
     replay = loop.buffer.sample(1)  # reward sampling prefers the win
     flat = flatten([t for g in replay for t in g])
-    advantages, _, _ = m.compute_advantages(flat)
+    advantages = turn_advantages(flat, m.algo)[0].advantages
     assert advantages.tolist() == pytest.approx([0.70711], abs=1e-4)
     # whole groups: only the mixed group is ever drawn
     loop.buffer.unit = "group"
@@ -400,7 +402,7 @@ def test_default_replay_draws_only_trajectories_that_carry_advantage():
 
 
 def test_term_weights_by_hand():
-    from rspo_lightning.module import term_weights
+    from rspo_lightning.update import term_weights
 
     assert term_weights(30.0, 2.0, 0.125) == (0.875, 0.125)  # alpha whatever the token counts
     assert term_weights(30.0, 2.0, None) == (30 / 32, 2 / 32)  # one pooled token-mean
@@ -418,15 +420,16 @@ def test_alpha_weighting_of_the_policy_loss_by_hand():
                     Trajectory(task=TaskSpec("x", "train", 1, 1), turns=turns[2:], source="replay")])
     adv = torch.tensor([1.0, -2.0, 4.0])
     batch = make_train_batch(flat, m.engine.pad_id, adv)
-    m._score(batch)  # old := current log-probs, and on-policy behaviour := old
+    batch, _ = m.score(batch)  # old := current log-probs, and on-policy behaviour := old
     batch.behaviour_logprobs[batch.is_replay] = batch.old_logprobs[batch.is_replay]  # ratio 1 on every token
     n = batch.response_mask.sum(-1).tolist()  # response tokens per row
     # with ratio 1 every token's loss is -A: L_on = -(n0*1 + n1*(-2)) / (n0 + n1), L_off = -4
     l_on, l_off = -(n[0] * 1.0 + n[1] * -2.0) / (n[0] + n[1]), -4.0
-    total, _ = m._loss(batch, {"pg_on": 0.75, "pg_off": 0.25, "pooled": 1.0, "on": 1.0})
+    fwd = scoring.forward(m.policy, batch, m.rollout_cfg.temperature)
+    total, _ = update.micro_batch_loss(fwd, batch, update.Scale(pg_on=0.75, pg_off=0.25), m.algo)
     assert float(total) == pytest.approx(0.75 * l_on + 0.25 * l_off, abs=1e-5)
     # the pooled token-mean (offline_weighting: tokens) weighs each part by its tokens
-    pooled, _ = m._loss(batch)
+    pooled, _ = update.micro_batch_loss(fwd, batch, update.pooled_scale(batch, m.algo.loss_agg), m.algo)
     assert float(pooled) == pytest.approx(-(n[0] * 1.0 + n[1] * -2.0 + n[2] * 4.0) / sum(n), abs=1e-5)
 
 
@@ -474,7 +477,7 @@ def test_online_baseline_joins_a_replayed_win_to_a_s_group_on_the_same_task():
     for t in a_fails:
         t.task = TaskSpec("rspo/Household-v0", "train", 3, 100)
     flat = flatten(a_fails + [joined])
-    advantages, _, _ = m.compute_advantages(flat)
+    advantages = turn_advantages(flat, m.algo)[0].advantages
     # GRPO over returns [0, 0, 10] by hand: mean 10/3, unbiased std sqrt(((10/3)^2 * 2 + (20/3)^2) / 2) = 5.7735
     assert advantages.tolist() == pytest.approx([-0.57735, -0.57735, 1.15470], abs=1e-4)
 

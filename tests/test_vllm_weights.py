@@ -139,7 +139,7 @@ def test_score_reports_the_behaviour_logprob_mismatch_against_the_training_forwa
     flat = flatten(m.engine.collect([TaskSpec("rspo/Household-v0", "train", i, group_id=i) for i in range(2)], 2))
     batch = make_train_batch(flat, m.engine.pad_id, torch.zeros(len(flat.turns)))
     mask = batch.response_mask
-    exact = m._score(batch)  # the hf backend's log-probs are the training forward's
+    _, exact = m.score(batch)  # the hf backend's log-probs are the training forward's
     assert exact["rollout/logprob_mismatch_max"] < 1e-4
     # a rollout engine off by +0.3 on one token and -0.1 on all the others
     batch = make_train_batch(flat, m.engine.pad_id, torch.zeros(len(flat.turns)))
@@ -147,7 +147,7 @@ def test_score_reports_the_behaviour_logprob_mismatch_against_the_training_forwa
     shift = torch.where(mask, torch.full_like(batch.behaviour_logprobs, -0.1), torch.zeros_like(batch.behaviour_logprobs))
     shift[first] = 0.3
     batch.behaviour_logprobs = batch.behaviour_logprobs + shift
-    off = m._score(batch)
+    _, off = m.score(batch)
     n = int(mask.sum())
     assert off["rollout/logprob_mismatch_max"] == pytest.approx(0.3, abs=1e-4)
     assert off["rollout/logprob_mismatch_mean"] == pytest.approx((0.3 + 0.1 * (n - 1)) / n, abs=1e-4)

@@ -53,8 +53,7 @@ def test_a_hang_past_the_timeout_is_cut(tiny_policy):
 
 
 def test_faulty_reset_and_the_module_keeps_only_clean_episodes(tiny_policy):
-    from rspo_lightning.config import AlgorithmConfig
-    from rspo_lightning.module import AgentRLModule
+    from rspo_lightning.batching import drop_faulty
 
     eng = _engine(tiny_policy, {"fault_rate": 0.1, "on_reset": True, "modes": ["raise"], "seed": 3})
     torch.manual_seed(0)
@@ -69,14 +68,10 @@ def test_faulty_reset_and_the_module_keeps_only_clean_episodes(tiny_policy):
     lonely = [g for g in groups if clean_count(g) < 2]
     assert partial and lonely, "vacuous: choose a seed with a partial group and a group left with < 2 episodes"
 
-    class Stub:  # the module's dropping rule, without building a whole module
-        algo = AlgorithmConfig(estimator="grpo")
-
-    kept = AgentRLModule._drop_faulty(Stub(), trajs)
+    kept = drop_faulty(trajs, group_relative=True)  # the module's rule (GRPO), without building a module
     # group-relative: every clean episode of a group that keeps >= 2, nothing of the others
     assert kept == [t for t in trajs if t.env_error is None and t.task.group_id not in lonely]
-    Stub.algo = AlgorithmConfig(estimator="gae")
-    assert AgentRLModule._drop_faulty(Stub(), trajs) == [t for t in trajs if t.env_error is None]
+    assert drop_faulty(trajs, group_relative=False) == [t for t in trajs if t.env_error is None]  # e.g. gae
 
 
 def test_bad_fault_arguments():

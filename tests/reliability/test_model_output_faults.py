@@ -41,7 +41,7 @@ def test_bad_output_is_an_invalid_action_and_the_env_state_is_unchanged(name):
 
 
 def test_invalid_turns_get_the_penalty_in_the_advantage():
-    from rspo_lightning.module import AgentRLModule
+    from rspo_lightning.advantages import turn_advantages
 
     def turn(valid):
         return Turn(prompt_ids=torch.tensor([1, 2]), response_ids=torch.tensor([3]), behaviour_logprobs=torch.tensor([-1.0]),
@@ -51,11 +51,7 @@ def test_invalid_turns_get_the_penalty_in_the_advantage():
     trajs = [Trajectory(task=task, turns=[turn(True), turn(False)]), Trajectory(task=task, turns=[turn(True)])]
     flat = flatten(trajs)
 
-    class Stub:
-        algo = AlgorithmConfig(estimator="grpo", invalid_action_penalty=0.25)
-        _estimate = AgentRLModule._estimate
-
-    adv, _, _ = AgentRLModule.compute_advantages(Stub(), flat)
+    adv = turn_advantages(flat, AlgorithmConfig(estimator="grpo", invalid_action_penalty=0.25))[0].advantages
     # equal returns -> GRPO gives 0; the invalid turn alone carries -0.25
     assert adv.tolist() == [0.0, -0.25, 0.0]
     make_train_batch(flat, 0, adv)  # and it batches

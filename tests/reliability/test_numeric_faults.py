@@ -21,8 +21,7 @@ ANCHORS = ["start", "room"] * 6
     ("a2tgpo", {"signals": torch.full((12,), 0.5)}),
 ])
 def test_all_equal_rewards_give_exact_zeros(name, kw):
-    out = compute_advantages(name, rewards=REWARDS, traj_index=TRAJ, group_index=GROUP, turn_index=TURN, **kw)
-    adv = out.advantages if isinstance(out, tuple) else out
+    adv = compute_advantages(name, rewards=REWARDS, traj_index=TRAJ, group_index=GROUP, turn_index=TURN, **kw).advantages
     assert torch.isfinite(adv).all() and (adv == 0).all()
 
 
@@ -37,8 +36,18 @@ def test_proxmo_all_equal_rewards_leave_only_the_soft_baseline_leak():
                              anchors=ANCHORS, success=torch.tensor([True] * 6 + [False] * 6), tau=0.1, gamma=0.95)
     leak = 0.5 / (math.exp(10) + 1)
     expected = torch.tensor([-leak, leak] * 3 + [0.0, 0.0] * 3)
-    assert torch.isfinite(out).all()
-    assert torch.allclose(out.double(), expected.double(), atol=1e-9, rtol=1e-4)
+    adv = out.advantages
+    assert torch.isfinite(adv).all()
+    assert torch.allclose(adv.double(), expected.double(), atol=1e-9, rtol=1e-4)
+
+
+def test_a2tgpo_all_equal_signals_leave_the_clip_as_configured():
+    """Equal signals in every (group, turn) cell give ghat = 0, so clip_scale = 1 exactly (signal
+    mode), and equal returns give A = 0, so 1 / (1 + beta * 0) = 1 too (inverse_advantage)."""
+    for mode in ("signal", "inverse_advantage"):
+        out = compute_advantages("a2tgpo", rewards=REWARDS, traj_index=TRAJ, group_index=GROUP, turn_index=TURN,
+                                 signals=torch.full((12,), 0.5), clip_mode=mode)
+        assert (out.clip_scale == 1).all()
 
 
 def test_gae_with_constant_rewards_is_finite():

@@ -1,0 +1,80 @@
+"""Held-out episodes: the validation, test and predict hooks of ``AgentRLModule`` (a mixin).
+
+``validate`` plays every task of the validation splits once at ``val_temperature`` (and greedily
+with ``val_greedy``) and logs ``val/*`` (``val_<split>/*`` for other splits); ``test`` plays the
+env's test split where it has one as ``test/*``; ``predict`` plays the same tasks as ``test`` and
+writes the episodes as trajectory JSONL (``predict_path``), printing a summary line.
+"""
+
+from __future__ import annotations
+
+import os
+
+from rspo_lightning import metrics
+from rspo_lightning.distributed import merge_over_ranks
+from rspo_lightning.process import seed_rollout
+from rspo_lightning.types import IterationBatch, Trajectory
+
+
+class HeldOutEpisodes:
+    """Needs ``engine``, ``tokenizer``, ``seed``, ``iteration``, ``val_temperature``, ``val_greedy``,
+    ``predict_path`` and a ``_val_sums`` dict (``AgentRLModule`` has them)."""
+
+    metric_prefix = staticmethod(metrics.metric_prefix)
+
+    def _play_held_out(self, batch: IterationBatch, batch_idx: int, stage: str) -> list[Trajectory]:
+        """Play each held-out task once (validation temperature; greedy too with ``val_greedy``),
+        accumulating success and score under the stage's metric prefix; returns the sampled episodes."""
+        prefix = metrics.metric_prefix(batch.tasks[0].split if batch.tasks else "valid_seen", stage)
+        played: list[Trajectory] = []
+        for tag, greedy in [("", False)] + ([("greedy_", True)] if self.val_greedy else []):
+            seed_rollout(self.seed, self.iteration, f"{prefix}/{tag}{batch_idx}", self.global_rank)
+            trajs = self.engine.collect(batch.tasks, 1, temperature=self.val_temperature, greedy=greedy, iteration=self.iteration)
+            trajs = [t for t in trajs if t.env_error is None]  # an env fault is not the agent's failure
+            for key, (total, count) in metrics.held_out_sums(trajs, prefix, tag).items():
+                acc = self._val_sums.setdefault(key, [0.0, 0.0])
+                acc[0], acc[1] = acc[0] + total, acc[1] + count
+            if not tag:
+                played = trajs
+        return played
+
+    def validation_step(self, batch: IterationBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._play_held_out(batch, batch_idx, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        merged, self._val_sums = merge_over_ranks(self._val_sums), {}  # ranks may hold different metrics
+        values = {key: total / count for key, (total, count) in sorted(merged.items()) if count > 0}
+        if self.trainer.sanity_checking:
+            # A full sanity check (num_sanity_val_steps: -1) runs before any update: record it as step 0.
+            if self.logger is not None and values and self.trainer.num_sanity_val_steps == float("inf"):
+                self.logger.log_metrics(values, step=0)
+            self.initial_val_metrics = values
+            return
+        for k, v in values.items():
+            self.log(k, v, prog_bar=k == "val/success_rate", add_dataloader_idx=False)
+        if values:
+            self.log("step", float(self.iteration), add_dataloader_idx=False)
+
+    def test_step(self, batch: IterationBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._play_held_out(batch, batch_idx, "test")  # the env's test split (or the validation splits) as test/*
+
+    def on_test_epoch_end(self) -> None:
+        self.on_validation_epoch_end()
+
+    def on_predict_start(self) -> None:
+        self._predicted: list[Trajectory] = []
+
+    def predict_step(self, batch: IterationBatch, batch_idx: int, dataloader_idx: int = 0) -> dict[str, float]:
+        trajs = self._play_held_out(batch, batch_idx, "test")
+        self._predicted.extend(trajs)
+        return {"episodes": float(len(trajs)), "successes": float(sum(t.success for t in trajs))}
+
+    def on_predict_end(self) -> None:
+        """Write the episodes played as trajectory JSONL and print a summary line."""
+        from rspo_lightning.trajectory_io import save_trajectories
+
+        self._val_sums = {}
+        name = "predictions.jsonl" if self.trainer.world_size == 1 else f"predictions.rank{self.global_rank}.jsonl"
+        path = self.predict_path or os.path.join(self.trainer.default_root_dir, name)
+        n = save_trajectories(path, self._predicted, self.tokenizer)
+        print(f"predict: {n} episodes, success rate {sum(t.success for t in self._predicted) / max(n, 1):.3f}, written to {path}")

@@ -1,0 +1,166 @@
+"""What an iteration logs: pure functions of its data (rollout, replay, update and held-out
+metrics), the stopwatch of its stages (``perf/*_s``), and ``IterationLog``, the LightningModule
+mixin that writes everything logged during one RL iteration once, at step = iteration."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Iterator, NamedTuple, Sequence
+
+import torch
+
+from rspo_lightning.advantages import AdvantageResult
+from rspo_lightning.batching import FlatTurns
+from rspo_lightning.types import IterationBatch, Trajectory, TrainBatch
+
+
+class Iteration(NamedTuple):
+    """What one trained iteration logs: its batch, flat turns, trained rows, estimator result and
+    advantages before an advantage-placed penalty, update statistics, stage seconds and generated tokens."""
+
+    batch: IterationBatch
+    flat: FlatTurns
+    train: TrainBatch
+    result: AdvantageResult
+    raw: torch.Tensor
+    stats: dict[str, float]
+    seconds: dict[str, float]
+    tokens: int
+
+
+class Stopwatch:
+    """Seconds per stage: ``with watch("rollout"): ...`` adds the block's wall time to
+    ``watch.seconds["rollout"]``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+
+
+def rollout_metrics(trajectories: Sequence[Trajectory], prefix: str) -> dict[str, float]:
+    """This rank's ``<prefix>/score``, ``episode_len``, ``invalid_rate``, ``dense_return``,
+    ``progress`` and ``success_rate/<task type>`` of the episodes played (the all-rank success
+    rate is the module's)."""
+    n = len(trajectories)
+    turns = sum(len(t.turns) for t in trajectories)
+    values = {
+        f"{prefix}/score": sum(t.score for t in trajectories) / n,
+        f"{prefix}/episode_len": turns / n,
+        f"{prefix}/invalid_rate": sum(t.num_invalid for t in trajectories) / max(turns, 1),
+        f"{prefix}/dense_return": sum(turn.dense_reward for t in trajectories for turn in t.turns) / n,
+        f"{prefix}/progress": sum(t.turns[-1].progress if t.turns else t.initial_progress for t in trajectories) / n,
+    }
+    by_type: dict[str, list[bool]] = {}
+    for t in trajectories:
+        by_type.setdefault(t.task_type, []).append(t.success)
+    for ty, s in by_type.items():
+        if ty:
+            values[f"{prefix}/success_rate/{ty}"] = sum(s) / len(s)
+    return values
+
+
+def replay_metrics(estimator_advantages: torch.Tensor, flat: FlatTurns) -> dict[str, float]:
+    """What the replayed rows contribute (this rank): their mean |advantage| (the estimator's, before
+    an advantage-placed invalid-action penalty), the fraction at exactly 0, and their share of the
+    iteration's response tokens; empty without replayed rows."""
+    rep = flat.is_replay
+    if not bool(rep.any()):
+        return {}
+    a = estimator_advantages[rep]
+    tokens = torch.tensor([len(t.response_ids) for t in flat.turns], dtype=torch.float32)
+    return {
+        "rspo/replay_adv_abs": float(a.abs().mean()),
+        "rspo/replay_zero_frac": float((a == 0).float().mean()),
+        "rspo/replay_token_share": float(tokens[rep].sum() / tokens.sum()),
+    }
+
+
+def explained_variance(returns: torch.Tensor, values: torch.Tensor) -> float:
+    """1 − Var(returns − values) / Var(returns) (0 when the returns do not vary)."""
+    var = returns.var()
+    return float(1 - (returns - values).var() / var) if var > 0 else 0.0
+
+
+def metric_prefix(split: str, stage: str = "val") -> str:
+    """``val`` for valid_seen / valid, ``val_<name>`` for other validation splits; ``test`` for the
+    test split, ``test_<name>`` for a validation split played by ``test``."""
+    if stage == "val":
+        return "val" if split in ("valid_seen", "valid") else f"val_{split.removeprefix('valid_')}"
+    return "test" if split == "test" else f"test_{split.removeprefix('valid_')}"
+
+
+def held_out_sums(trajectories: Sequence[Trajectory], prefix: str, tag: str = "") -> dict[str, list[float]]:
+    """``{metric: [sum, count]}`` of held-out episodes (``merge_over_ranks`` adds them over ranks):
+    success and score under ``<prefix>/<tag>``, success per task type for the sampled run."""
+    sums: dict[str, list[float]] = {}
+
+    def add(name: str, value: float) -> None:
+        acc = sums.setdefault(name, [0.0, 0.0])
+        acc[0] += float(value)
+        acc[1] += 1.0
+
+    for t in trajectories:
+        add(f"{prefix}/{tag}success_rate", t.success)
+        add(f"{prefix}/{tag}score", t.score)
+        if not tag and t.task_type:
+            add(f"{prefix}/success_rate/{t.task_type}", t.success)
+    return sums
+
+
+def iteration_metrics(it: Iteration, ppo_epochs: int) -> dict[str, float]:
+    """``train/*``, ``rspo/replay_*`` and ``perf/*`` of a trained iteration (update statistics that
+    already name their group, e.g. ``rollout/logprob_mismatch_max``, keep their name)."""
+    values = {k if "/" in k else f"train/{k}": v for k, v in it.stats.items()}
+    if it.result.returns is not None:  # a critic's: no row was dropped, so the values line up
+        values["train/explained_variance"] = explained_variance(it.result.returns, it.train.old_values)
+    if it.batch.replay:
+        values.update(replay_metrics(it.raw, it.flat))
+    trained = int(it.train.attention_mask.sum()) * ppo_epochs
+    values.update({
+        "train/advantage_abs": it.result.advantages.abs().mean().item() if len(it.result.advantages) else 0.0,
+        **{f"perf/{k}_s": v for k, v in it.seconds.items()},
+        "perf/rollout_tokens_per_s": it.tokens / max(it.seconds["rollout"], 1e-9),
+        "perf/update_tokens_per_s": trained / max(it.seconds["update"], 1e-9),
+    })
+    return values
+
+
+class IterationLog:
+    """LightningModule mixin (before ``pl.LightningModule`` in the bases) that needs an
+    ``iteration`` counter."""
+
+    _iteration_metrics: dict[str, float]
+
+    def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        """During a training iteration every logged value (the module's and the callbacks') is kept
+        for this iteration only and written once, at its end, to every logger at step = iteration:
+        a key not logged in an iteration has no point there (Lightning's logger connector would
+        re-emit the last value of a key logged on an earlier step). Progress bar and
+        ``callback_metrics`` are updated as usual."""
+        trainer = self._trainer
+        if trainer is not None and trainer.training and not trainer.sanity_checking and kwargs.get("logger", True) is not False:
+            if name != "step":
+                self._iteration_metrics[name] = float(value)
+            kwargs["logger"] = False
+        super().log(name, value, *args, **kwargs)
+
+    def _flush_iteration_metrics(self) -> None:
+        logged, self._iteration_metrics = self._iteration_metrics, {}
+        if logged and self._trainer is not None:
+            logged["iteration"] = float(self.iteration)
+            for logger in self.trainer.loggers:
+                logger.log_metrics(logged, step=self.iteration)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._flush_iteration_metrics()  # after the callbacks' on_train_batch_end (Lightning calls them first)
+
+    def on_train_epoch_end(self) -> None:
+        self._flush_iteration_metrics()  # what epoch-end callbacks (e.g. Curriculum) logged
