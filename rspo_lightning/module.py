@@ -159,7 +159,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
             return self._log_iteration()
         with watch("update"):
             flat = flatten(played, batch.reward_mode, batch.dense_scale)
-            train = self._with_values(flat)
+            train = self._train_batch(flat)
             with watch("advantage"):
                 result, raw = adv.turn_advantages(flat, self.algo, train.old_values)
             train = self._trained_rows(train, result)
@@ -216,7 +216,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
                                          reference=self.reference_model() if self.algo.kl_coef > 0 else None)
         return dataclasses.replace(batch, **scores._asdict()), mismatch
 
-    def _with_values(self, flat: FlatTurns) -> TrainBatch:
+    def _train_batch(self, flat: FlatTurns) -> TrainBatch:
         """The padded rows of ``flat`` (none: this rank still takes part in the collective steps) with
         the critic's inputs and values V(s) before the update, when the estimator needs a critic."""
         batch = make_train_batch(flat, self.engine.pad_id) if flat.turns else self._dummy().select(torch.arange(0))
