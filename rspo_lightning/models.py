@@ -13,6 +13,7 @@ from torch import nn
 from rspo_lightning.advantages import ESTIMATORS
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.critic import CriticConfig, SeparateCritic
+from rspo_lightning.distributed import shard_fsdp2
 from rspo_lightning.envs import make_env
 from rspo_lightning.policy import ValueHead, apply_lora, frozen_copy, hidden_size_of, load_policy
 from rspo_lightning.prompts import template_texts
@@ -82,3 +83,14 @@ def reference_model(policy: nn.Module, reference: nn.Module | None, lora: bool) 
             yield policy
     else:
         yield reference
+
+
+def shard_models(modules: list[nn.Module | None], mesh, lora: bool = False) -> None:
+    """FSDP2 (``ModelParallelStrategy``): ``fully_shard`` the policy, value head and critic over
+    ``mesh`` (``distributed.shard_fsdp2``), in place."""
+    if lora:
+        raise ValueError("policy.lora is not supported with ModelParallelStrategy (FSDP2): use trainer.strategy: ddp "
+                         "(the frozen base weights are then one copy per GPU) or configs/trainer/fsdp.yaml")
+    for module in modules:
+        if module is not None:
+            shard_fsdp2(module, mesh)

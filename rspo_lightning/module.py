@@ -24,10 +24,10 @@ from rspo_lightning.callbacks import rspo
 from rspo_lightning.checkpointing import AtomicCheckpointIO, load_counters, save_counters
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.critic import CriticConfig
-from rspo_lightning.distributed import all_sum, is_sharded, lockstep_count, merge_over_ranks, shard_fsdp2
+from rspo_lightning.distributed import all_sum, is_sharded, lockstep_count, merge_over_ranks
 from rspo_lightning.envs import make_env
 from rspo_lightning.evaluation import HeldOutEpisodes
-from rspo_lightning.models import build_models, build_optimizers, reference_model
+from rspo_lightning.models import build_models, build_optimizers, reference_model, shard_models
 from rspo_lightning.process import freeze_startup_heap, seed_rollout, unfreeze_startup_heap
 from rspo_lightning.rewards import DenseReward, assign_dense_rewards
 from rspo_lightning.rollout import RolloutConfig
@@ -88,12 +88,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         if self.policy is None:
             self._build_models()
         if self.device_mesh is not None and not self._fsdp2_applied:  # ModelParallelStrategy: FSDP2
-            if self.policy_cfg.lora is not None:
-                raise ValueError("policy.lora is not supported with ModelParallelStrategy (FSDP2): use trainer.strategy: ddp "
-                                 "(the frozen base weights are then one copy per GPU) or configs/trainer/fsdp.yaml")
-            for module in (self.policy, self.value_head, self.critic):
-                if module is not None:
-                    shard_fsdp2(module, self.device_mesh)
+            shard_models([self.policy, self.value_head, self.critic], self.device_mesh, lora=self.policy_cfg.lora is not None)
             self._fsdp2_applied = True
 
     def _build_models(self) -> None:
@@ -260,12 +255,12 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         swap = self.algo.swap
         fwd = scoring.forward(self.policy, mb, self.rollout_cfg.temperature, self.device, value_head=self.value_head,
                               with_state=swap.coef > 0)
+        partner = partner_loss.partner_coefficient(self.iteration, swap.coef, swap.warmup_iterations) if swap.coef > 0 else None
         return update.micro_batch_loss(
-            fwd, mb, scale or update.pooled_scale(mb, self.algo.loss_agg), self.algo, value_clip=self.critic_cfg.value_clip, value_coef=self.critic_cfg.value_coef,
+            fwd, mb, scale or update.pooled_scale(mb, self.algo.loss_agg), self.algo, partner_coef=partner,
+            value_clip=self.critic_cfg.value_clip, value_coef=self.critic_cfg.value_coef,
             # critic warm-up: the actor does not move during the first iterations (verl's critic_warmup)
             actor_moves=self.iteration >= self.critic_cfg.warmup_iterations or not self.estimator.needs_critic,
-            partner_coef=(partner_loss.partner_coefficient(self.iteration, swap.coef, swap.warmup_iterations)
-                          if swap.coef > 0 else None),
             generator=torch.Generator().manual_seed(self.seed * 100003 + self.iteration))
 
     def snapshot_trainable(self) -> dict:
