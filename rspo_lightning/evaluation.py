@@ -31,9 +31,7 @@ class HeldOutEpisodes:
             seed_rollout(self.seed, self.iteration, f"{prefix}/{tag}{batch_idx}", self.global_rank)
             trajs = self.engine.collect(batch.tasks, 1, temperature=self.val_temperature, greedy=greedy, iteration=self.iteration)
             trajs = [t for t in trajs if t.env_error is None]  # an env fault is not the agent's failure
-            for key, (total, count) in metrics.held_out_sums(trajs, prefix, tag).items():
-                acc = self._val_sums.setdefault(key, [0.0, 0.0])
-                acc[0], acc[1] = acc[0] + total, acc[1] + count
+            metrics.add_held_out(self._val_sums, trajs, prefix, tag)
             if not tag:
                 played = trajs
         return played

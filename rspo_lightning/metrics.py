@@ -97,10 +97,9 @@ def metric_prefix(split: str, stage: str = "val") -> str:
     return "test" if split == "test" else f"test_{split.removeprefix('valid_')}"
 
 
-def held_out_sums(trajectories: Sequence[Trajectory], prefix: str, tag: str = "") -> dict[str, list[float]]:
-    """``{metric: [sum, count]}`` of held-out episodes (``merge_over_ranks`` adds them over ranks):
-    success and score under ``<prefix>/<tag>``, success per task type for the sampled run."""
-    sums: dict[str, list[float]] = {}
+def add_held_out(sums: dict[str, list[float]], trajectories: Sequence[Trajectory], prefix: str, tag: str = "") -> None:
+    """Add held-out episodes to ``sums`` (``{metric: [sum, count]}``; ``merge_over_ranks`` adds them
+    over ranks): success and score under ``<prefix>/<tag>``, success per task type for the sampled run."""
 
     def add(name: str, value: float) -> None:
         acc = sums.setdefault(name, [0.0, 0.0])
@@ -112,7 +111,6 @@ def held_out_sums(trajectories: Sequence[Trajectory], prefix: str, tag: str = ""
         add(f"{prefix}/{tag}score", t.score)
         if not tag and t.task_type:
             add(f"{prefix}/success_rate/{t.task_type}", t.success)
-    return sums
 
 
 def iteration_metrics(it: Iteration, ppo_epochs: int) -> dict[str, float]:

@@ -51,9 +51,10 @@ def build_models(policy: PolicyConfig, algo: AlgorithmConfig, critic: CriticConf
     elif algo.kl_coef > 0:
         reference = frozen_copy(model)
     value_head = separate = None
-    if ESTIMATORS[algo.estimator].needs_critic and critic.kind == "shared":
+    needs_critic = ESTIMATORS[algo.estimator].needs_critic
+    if needs_critic and critic.kind == "shared":
         value_head = ValueHead(hidden_size_of(model))
-    elif ESTIMATORS[algo.estimator].needs_critic:
+    elif needs_critic:
         separate = SeparateCritic(critic, model, tokenizer)
     return Models(model, tokenizer, reference, value_head, separate, RolloutEngine(model, tokenizer, rollout, env.kwargs))
 

@@ -8,7 +8,6 @@ from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy
 
-from rspo_lightning.advantages import ESTIMATORS
 from rspo_lightning.checkpointing import IterationCheckpoint
 
 log = logging.getLogger(__name__)
@@ -26,7 +25,7 @@ def check_run(module: Any, trainer: Any) -> None:
                          "critic and the policy step apart): use trainer.strategy: ddp_find_unused_parameters_true")
     dm = getattr(trainer, "datamodule", None)
     group_size = getattr(dm, "group_size", None)
-    if group_size is not None and group_size < 2 and ESTIMATORS[algo.estimator].group_relative:
+    if group_size is not None and group_size < 2 and module.estimator.group_relative:
         raise ValueError(
             f"data.group_size must be >= 2 for the group-relative estimator {algo.estimator!r}, got {group_size}; "
             "raise data.group_size or use algorithm.estimator: gae")

@@ -126,9 +126,8 @@ def micro_batch_loss(fwd: Forward, mb: TrainBatch, scale: Scale, algo: Algorithm
             total = total + reg_scale * algo.kl_coef * kl
     if partner_coef is not None and actor_moves:
         swap = algo.swap
-        adv_rows = mb.advantages.to(dev)
         p_loss, p_stats = partner_loss.partner_loss(
-            logprobs, old, adv_rows, mask, embeddings=fwd.state.detach(), rewards=adv_rows,
+            logprobs, old, advantages, mask, embeddings=fwd.state.detach(), rewards=advantages,
             strategy=swap.strategy, num_partners=swap.num_partners, beta_s=swap.beta_s, p_swap=swap.p_swap,
             eps_low=algo.clip_eps_low, eps_high=algo.clip_eps_high, agg=algo.loss_agg,
             behaviour_logprobs=behaviour, generator=generator)
