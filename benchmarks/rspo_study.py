@@ -138,6 +138,8 @@ RUNS: dict[str, Run] = {
     # RSPO_H: no B, D = A's own previous groups; every iteration is A's, so it validates every 3 like a base run
     "grpo_rspo_h": Run("configs/compare/grpo_rspo.yaml", (cb("replay_from", "history"),)),
     "grpo_rspo_o": rspo(cb("explorer_reward", "outcome")),  # RSPO_O: B on the outcome reward
+    # the best explorer configuration of the seed-0 screening (docs/rspo_study.md): slots only for positive-advantage items
+    "grpo_rspo_best": rspo(cb("replay_slots", "positive")),
     # -- ablations of the defaults (--ablation-seeds) --
     "grpo_rspo_mixed": rspo(cb("explorer_reward", "outcome+dense"), cb("dense_scale", SHAPED_SCALE)),
     "grpo_rspo_group": rspo(cb("replay_unit", "group")),
@@ -167,7 +169,7 @@ RUNS: dict[str, Run] = {
     "ppo": base(config="configs/compare/ppo.yaml"),
     "ppo_rspo": rspo(config="configs/compare/ppo_rspo.yaml"),
 }
-MAIN = ["grpo", "grpo_shaped", "grpo_rspo", "grpo_rspo_h", "grpo_rspo_o"]
+MAIN = ["grpo", "grpo_shaped", "grpo_rspo", "grpo_rspo_h", "grpo_rspo_best", "grpo_rspo_o"]
 QUICK_MAIN = ["grpo", "grpo_rspo"]
 ABLATIONS = [name for name in RUNS if name not in MAIN]
 DIAGNOSTICS = {  # table column: logged tag (mean over the iterations that log it)
