@@ -20,6 +20,7 @@ import errno
 import glob
 import hashlib
 import os
+import zipfile
 from typing import Any
 
 import torch
@@ -76,7 +77,7 @@ def _write_atomic(path: str, write, before_rename=None) -> None:
         pass
 
 
-def _others(path: str) -> str:
+def other_checkpoints(path: str) -> str:
     directory = os.path.dirname(os.path.abspath(path))
     found = sorted(p for p in glob.glob(os.path.join(glob.escape(directory), "*.ckpt")) if os.path.abspath(p) != os.path.abspath(path))
     return (f"use another checkpoint of {directory}: {', '.join(os.path.basename(p) for p in found)}" if found
@@ -114,24 +115,27 @@ def load_checkpoint_file(path: str, map_location: Any = "cpu", weights_only: boo
     a ``CheckpointError`` naming the file, what is wrong and what to use instead. ``mmap``: tensors
     stay in the file until read (what ``export`` uses: the optimizer's states are never loaded)."""
     if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint {path} does not exist; {_others(path)}")
+        raise CheckpointError(f"checkpoint {path} does not exist; {other_checkpoints(path)}")
     if os.path.getsize(path) == 0:
-        raise CheckpointError(f"checkpoint {path} is empty (0 bytes: a write that never finished); {_others(path)}")
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes: a write that never finished); {other_checkpoints(path)}")
     sidecar = path + ".sha256"
     if os.path.isfile(sidecar):
         with open(sidecar) as f:
             expected = f.read().split()[:1]
         if expected and file_sha256(path) != expected[0]:
             raise CheckpointError(f"checkpoint {path} does not match its checksum {sidecar} (the file changed or is "
-                                  f"corrupted after it was written); {_others(path)}")
+                                  f"corrupted after it was written); {other_checkpoints(path)}")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; its directory is at the end
+        raise CheckpointError(f"checkpoint {path} cannot be read as a PyTorch checkpoint (it is no zip archive, which "
+                              f"torch.save writes: truncated, or another kind of file); {other_checkpoints(path)}")
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
     except Exception as exc:  # truncated zip, random bytes, text, a pickle of forbidden globals
         what = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise CheckpointError(f"checkpoint {path} cannot be read as a PyTorch checkpoint ({type(exc).__name__}: {what}); "
-                              f"it is truncated, corrupted or not a checkpoint; {_others(path)}") from None
+                              f"it is truncated, corrupted or not a checkpoint; {other_checkpoints(path)}") from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise CheckpointError(f"checkpoint {path} holds no Lightning checkpoint (no 'state_dict'); {_others(path)}")
+        raise CheckpointError(f"checkpoint {path} holds no Lightning checkpoint (no 'state_dict'); {other_checkpoints(path)}")
     return checkpoint
 
 
@@ -179,6 +183,11 @@ class IterationCheckpoint(ModelCheckpoint):
             else:
                 root = trainer.default_root_dir
             self.dirpath = os.path.realpath(os.path.join(root, "checkpoints"))
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if state_dict.get("dirpath") not in (None, self.dirpath):
+            return  # another folder's checkpoint (an evaluation, a moved run): none of its bookkeeping applies here
+        super().load_state_dict(state_dict)
 
     def _find_last_checkpoints(self, trainer) -> set[str]:
         self._stable_dir(trainer)

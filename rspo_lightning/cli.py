@@ -11,17 +11,26 @@ to Lightning's subclass mode (``--model.help CLASS`` documents that class).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import glob
+import json
+import logging
+import os
 import re
+import shutil
 import sys
 
 import yaml
+from jsonargparse import Namespace
 from jsonargparse._common import debug_mode_active
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from rspo_lightning.callbacks import TranscriptLogger
-from rspo_lightning.checkpointing import IterationCheckpoint
+from lightning.pytorch.callbacks import ProgressBar
+
+from rspo_lightning.callbacks import IterationProgressBar, TranscriptLogger
+from rspo_lightning.checkpointing import CheckpointError, IterationCheckpoint, other_checkpoints, load_checkpoint_file
 
 DEFAULT_SAVE_DIR = "runs"  # the logger save_dir of every shipped config: replaced by --trainer.default_root_dir
 
@@ -62,7 +71,13 @@ class AgentCLI(LightningCLI):
     """Checkpoints: an ``IterationCheckpoint`` (``--checkpoint.*``) writes ``last.ckpt`` every RL
     iteration to ``<save_dir>/<name>/checkpoints``, so ``--ckpt_path last`` resumes the previous
     run of the same config. ``--trainer.default_root_dir DIR`` moves logs and checkpoints to DIR
-    (replacing the shipped configs' ``save_dir: runs``)."""
+    (replacing the shipped configs' ``save_dir: runs``).
+
+    Run folders: a fit logs to ``<save_dir>/<name>/version_N``; resumed, it logs on in the folder
+    its checkpoint names. ``validate``/``test``/``predict`` of a run's checkpoint log to
+    ``<run>/<subcommand>`` and predict writes ``<run>/predictions/``. Every checkpoint path is
+    checked (``checkpointing.load_checkpoint_file``) before Lightning reads it, and its
+    hyper-parameters set the model and env wherever the command line does not."""
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(TranscriptLogger, "transcripts")
@@ -84,27 +99,122 @@ class AgentCLI(LightningCLI):
         trainer = cfg.get("trainer")
         root = trainer.get("default_root_dir") if trainer is not None else None
         logger = trainer.get("logger") if trainer is not None else None
-        if root is not None and logger not in (None, False, True):
+        if logger not in (None, False, True):
             for one in logger if isinstance(logger, list) else [logger]:
                 init = one.get("init_args") if hasattr(one, "get") else None
-                if init is not None and init.get("save_dir") == DEFAULT_SAVE_DIR:
+                if init is not None and root is not None and init.get("save_dir") == DEFAULT_SAVE_DIR:
                     init["save_dir"] = str(root)
+                if init is not None and str(one.get("class_path", "")).endswith("TensorBoardLogger") \
+                        and not _on_command_line("trainer.logger.init_args.default_hp_metric", getattr(self, "_cli_keys", [])):
+                    init["default_hp_metric"] = False  # Lightning's placeholder hp_metric = -1 measures nothing
+
+    # -- checkpoints: checked before anything reads them; their own configuration ----------
+    def parse_arguments(self, parser, args) -> None:
+        self._cli_keys = _command_line_keys(sys.argv[1:] if args is None else args)
+        super().parse_arguments(parser, args)
 
     def _parse_ckpt_path(self) -> None:
-        """Lightning fills the model's arguments from the checkpoint's hyper-parameters, which
-        would silently override what the command line and config files set (``--model.predict_path``,
-        ``--model.val_temperature`` of a ``validate``); here the checkpoint's values fill only the
-        model arguments left at their defaults."""
+        """A checkpoint file given by path is checked by our loader (``CheckpointError``: the file,
+        what is wrong, the other checkpoints of its folder) before Lightning or jsonargparse read
+        it; ``last`` and ``hpc`` are resolved once the trainer knows its checkpoint folder
+        (``_resolve_checkpoint``). The checkpoint's hyper-parameters then configure the model and
+        its env wherever the command line sets nothing (the weights belong to the model that
+        wrote them); what they change against the config files is printed in one line."""
         sub = self.config.get("subcommand")
-        user = self.config.get(sub) if sub else None
-        super()._parse_ckpt_path()
-        if user is None or self.config.get(sub) is user:
+        path = self.config[sub].get("ckpt_path") if sub else None
+        if not path or path in SYMBOLIC_CKPT or not os.path.isfile(path):
+            if path == "best":
+                sys.exit("error: --ckpt_path best: IterationCheckpoint ranks no checkpoint by a metric; "
+                         "pass a file, or last (the newest)")
+            if path and path not in SYMBOLIC_CKPT and not os.path.exists(path):
+                _refuse(CheckpointError(f"checkpoint {path} does not exist; {other_checkpoints(path)}"))
             return
-        defaults = self.parser._subcommands_action._name_parser_map[sub].get_defaults()
+        self._checkpoint = _checked(path)
+        hparams = dict(self._checkpoint.get("hyper_parameters") or {})
+        hparams.pop("_instantiator", None)
+        if not hparams or "_class_path" in hparams or self.subclass_mode_model:
+            return super()._parse_ckpt_path() if hparams else None
+        user = self.config[sub].clone()
+        try:
+            self.config = self.parser.parse_object({sub: {"model": hparams}}, self.config)
+        except SystemExit:
+            sys.stderr.write(f"error: the hyper-parameters of checkpoint {path} do not parse as this model's arguments\n")
+            raise
+        cfg, changed = self.config[sub], []
         for key, value in user.get("model").items(branches=False):
-            default = defaults.get(f"model.{key}")
-            if value != default and self.config[sub].get(f"model.{key}") != value:
-                self.config[sub][f"model.{key}"] = value
+            if _on_command_line(f"model.{key}", self._cli_keys):
+                cfg[f"model.{key}"] = value
+            elif cfg.get(f"model.{key}") != value:
+                changed.append(f"model.{key}={cfg.get(f'model.{key}')!r} (config: {value!r})")
+        env = hparams.get("env")  # the env it was trained on, for the data module too (the parse re-linked data.env)
+        env = env.as_dict() if hasattr(env, "as_dict") else dataclasses.asdict(env) if dataclasses.is_dataclass(env) else env
+        given = cfg.get("data.env")
+        given = given.as_dict() if hasattr(given, "as_dict") else given
+        if isinstance(env, dict) and isinstance(given, dict) and env != given and not _on_command_line("data.env", self._cli_keys):
+            changed.append(f"data.env={json.dumps(env, sort_keys=True)} (config: {json.dumps(given, sort_keys=True)})")
+            cfg["data.env"] = Namespace(env_id=env["env_id"], kwargs=env.get("kwargs") or {})
+            cfg["model.env"] = cfg["data.env"].clone()
+        if changed:
+            print(f"{sub}: the model and env of checkpoint {path}, where the command line sets nothing "
+                  f"({len(changed)} values differ from the config files):\n" + "\n".join(f"  {c}" for c in changed), flush=True)
+
+    def _resolve_checkpoint(self, subcommand: str) -> None:
+        """``--ckpt_path last|hpc`` -> the file, checked like a path; ``last`` with nothing to
+        resume: fit starts from the beginning saying so in one line, an evaluation stops. Then the
+        run's folders: a resumed fit logs on in the log folder its checkpoint names (TensorBoard
+        hides the points after the checkpoint that a killed run had written), an evaluation logs
+        under ``<run>/<subcommand>``, and predictions go to ``<run>/predictions``."""
+        kwargs = self.config_init[subcommand]
+        path = kwargs.get("ckpt_path")
+        ckpt_cb = next((c for c in self.trainer.callbacks if isinstance(c, IterationCheckpoint)), None)
+        if ckpt_cb is not None:
+            ckpt_cb._stable_dir(self.trainer)
+        if path in ("last", "hpc"):
+            found = _find_symbolic(path, ckpt_cb, self.trainer)
+            if found is None:
+                where = ckpt_cb.dirpath if path == "last" and ckpt_cb is not None else self.trainer.default_root_dir
+                if subcommand == "fit":
+                    print(f"--ckpt_path {path}: no checkpoint to resume in {where}; starting from the beginning", flush=True)
+                    kwargs["ckpt_path"] = None
+                    return self._set_run_folders(subcommand, None, None)
+                sys.exit(f"error: --ckpt_path {path}: no checkpoint in {where} to {subcommand}; pass a checkpoint file")
+            self._checkpoint, path = _checked(found), found
+            kwargs["ckpt_path"] = found
+        checkpoint = getattr(self, "_checkpoint", None) if path else None
+        same_run = ckpt_cb is not None and path is not None and os.path.isfile(path) \
+            and os.path.dirname(os.path.realpath(path)) == ckpt_cb.dirpath
+        version = checkpoint.get("rspo_log_version") if checkpoint is not None and same_run else None
+        self._set_run_folders(subcommand, version, int(checkpoint.get("rspo_iteration", 0)) if checkpoint is not None else None)
+
+    def _set_run_folders(self, subcommand: str, version: str | None, iteration: int | None) -> None:
+        logger = self.trainer.logger
+        if logger is None or not hasattr(logger, "_version"):
+            return
+        if subcommand == "fit":
+            if version is not None:
+                logger._version = version
+                kwargs = getattr(logger, "_kwargs", None)  # TensorBoard's SummaryWriter arguments
+                if isinstance(kwargs, dict) and kwargs.get("purge_step") is None and iteration is not None:
+                    kwargs["purge_step"] = iteration + 1  # hides the points a killed run logged past its checkpoint
+        else:
+            logger._version = f"{version}/{subcommand}" if version else subcommand
+        root = os.path.join(logger.save_dir, str(logger.name)) if getattr(logger, "save_dir", None) else None
+        if root is not None:
+            self.model.run_dir = os.path.join(root, version) if version else root
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """The subcommand, its checkpoint resolved first; a run that fails before it completed an
+        iteration (fit) or anything (validate, test, predict) removes the log folder it created."""
+        self._resolve_checkpoint(subcommand)
+        folder = getattr(self.trainer.logger, "log_dir", None) if self.trainer.logger is not None else None
+        existed = folder is None or os.path.exists(folder)
+        start = getattr(self.model, "iteration", 0)
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException:
+            if not existed and (subcommand != "fit" or getattr(self.model, "iteration", 0) == start):
+                _remove_new_folder(folder, getattr(self.trainer.logger, "save_dir", None))
+            raise
 
     def _link_env_in_subclass_mode(self, cfg) -> None:
         """``data.env`` -> ``model.env`` when the classes are named (``--model CLASS``), where a
@@ -119,7 +229,64 @@ class AgentCLI(LightningCLI):
     def _instantiate_trainer(self, config: dict, callbacks: list) -> "Trainer":
         if config.get("enable_checkpointing") is False:  # Lightning refuses a checkpoint callback then
             callbacks = [c for c in callbacks if not isinstance(c, IterationCheckpoint)]
+        given = [*callbacks, *(config.get("callbacks") or [])]
+        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
+            callbacks = [*callbacks, IterationProgressBar()]
         return super()._instantiate_trainer(config, callbacks)
+
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs):
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        if "verbose" in self._subcommand_method_arguments.get(subcommand, ()):
+            parser.set_defaults(verbose=False)  # the module prints one table (metrics.results_table)
+        return parser
+
+
+SYMBOLIC_CKPT = ("last", "best", "hpc", "registry")
+
+
+def _command_line_keys(args) -> list[str]:
+    """The dotted keys an argument list sets (``--model.policy.source x`` -> ``model.policy.source``)."""
+    if isinstance(args, dict):
+        return [k for k in args]
+    return [a[2:].split("=", 1)[0] for a in (args or []) if isinstance(a, str) and a.startswith("--") and len(a) > 2]
+
+
+def _on_command_line(key: str, cli_keys: list[str]) -> bool:
+    return any(key == c or key.startswith(c + ".") or c.startswith(key + ".") for c in cli_keys)
+
+
+def _refuse(exc: Exception) -> None:
+    sys.stderr.write(f"error: {exc}\n")
+    sys.exit(1)
+
+
+def _checked(path: str) -> dict:
+    """The checkpoint at ``path`` through ``load_checkpoint_file`` (memory-mapped: the tensors stay
+    on disk), or exit naming the file, what is wrong and the other checkpoints of its folder."""
+    try:
+        return load_checkpoint_file(path, map_location="cpu", weights_only=True, mmap=True)
+    except CheckpointError as exc:
+        _refuse(exc)
+
+
+def _find_symbolic(path: str, ckpt_cb, trainer) -> str | None:
+    """The newest ``last*.ckpt`` of the checkpoint folder (``last``) or ``hpc_ckpt_<n>.ckpt`` of
+    ``default_root_dir`` (``hpc``, as Lightning numbers them), or None."""
+    if path == "last":
+        found = [p for p in glob.glob(os.path.join(glob.escape(ckpt_cb.dirpath), "last*.ckpt"))] if ckpt_cb is not None else []
+        return max(found, key=os.path.getmtime) if found else None
+    found = glob.glob(os.path.join(glob.escape(trainer.default_root_dir), "hpc_ckpt_*.ckpt"))
+    return max(found, key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or 0)) if found else None
+
+
+def _remove_new_folder(folder: str, save_dir: str | None) -> None:
+    """``folder`` and the parents it emptied, up to ``save_dir``."""
+    shutil.rmtree(folder, ignore_errors=True)
+    stop = os.path.realpath(save_dir) if save_dir else None
+    parent = os.path.dirname(os.path.realpath(folder))
+    while stop is not None and parent.startswith(stop + os.sep) and os.path.isdir(parent) and not os.listdir(parent):
+        os.rmdir(parent)
+        parent = os.path.dirname(parent)
 
 
 def _names_a_class(argv: list[str]) -> bool:
@@ -138,7 +305,17 @@ def _names_a_class(argv: list[str]) -> bool:
     return False
 
 
+class _NoTips(logging.Filter):
+    """Drops Lightning's advertising lines ("Tip: ... litlogger / litmodels"): nothing a user of
+    this package can act on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip: For seamless cloud" not in record.getMessage()
+
+
 def main(args: list[str] | None = None) -> None:
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_NoTips())
     argv = list(sys.argv[1:] if args is None else args)
     if argv[:1] == ["export"]:  # agent A of a checkpoint as a Hugging Face directory (rspo_lightning/export.py)
         from rspo_lightning.export import main as export_main

@@ -3,17 +3,28 @@
 ``validate`` plays every task of the validation splits once at ``val_temperature`` (and greedily
 with ``val_greedy``) and logs ``val/*`` (``val_<split>/*`` for other splits); ``test`` plays the
 env's test split where it has one as ``test/*``; ``predict`` plays the same tasks as ``test`` and
-writes the episodes as trajectory JSONL (``predict_path``), printing a summary line.
+writes the episodes as trajectory JSONL into the run's folder
+(``<run>/predictions/<split>-iteration<N>.jsonl``, or ``predict_path``), printing a summary line.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
+
+from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
 from rspo_lightning import metrics
 from rspo_lightning.distributed import merge_over_ranks
 from rspo_lightning.process import seed_rollout
 from rspo_lightning.types import IterationBatch, Trajectory
+
+
+# Lightning turns sync_dist off on a single device and then warns that it is off wherever
+# torch.distributed is initialised (a single-process vLLM engine does): about the held-out means
+# logged below, already all-rank, there is nothing to act on.
+SINGLE_PROCESS_SYNC_WARNING = r"It is recommended to use `self\.log\('(?:(?:val|test)[\w/]*|step)', \.\.\., sync_dist=True\)`"
+warnings.filterwarnings("ignore", message=SINGLE_PROCESS_SYNC_WARNING, category=PossibleUserWarning)
 
 
 class HeldOutEpisodes:
@@ -48,14 +59,21 @@ class HeldOutEpisodes:
         values = {key: total / count for key, (total, count) in sorted(merged.items()) if count > 0}
         if self.trainer.sanity_checking:
             # A full sanity check (num_sanity_val_steps: -1) runs before any update: record it as step 0.
-            if self.logger is not None and values and self.trainer.num_sanity_val_steps == float("inf"):
+            # (a resumed fit's sanity check measures restored weights already logged: not again)
+            if self.logger is not None and values and self.trainer.num_sanity_val_steps == float("inf") and self.iteration == 0:
                 self.logger.log_metrics(values, step=0)
             self.initial_val_metrics = values
             return
+        # the values are already means over every rank's episodes (merge_over_ranks): the all-rank
+        # mean of identical values changes none of them (one process: Lightning drops sync_dist,
+        # SINGLE_PROCESS_SYNC_WARNING)
         for k, v in values.items():
-            self.log(k, v, prog_bar=k == "val/success_rate", add_dataloader_idx=False)
+            self.log(k, v, prog_bar=k == "val/success_rate", add_dataloader_idx=False, sync_dist=True)
         if values:
-            self.log("step", float(self.iteration), add_dataloader_idx=False)
+            self.log("step", float(self.iteration), add_dataloader_idx=False, sync_dist=True)
+        fn = str(getattr(self.trainer.state.fn, "value", self.trainer.state.fn))
+        if values and fn in ("validate", "test") and self.global_rank == 0:  # Lightning's own table: verbose=False (cli.py)
+            print(metrics.results_table(values, f"{fn}: agent A at iteration {self.iteration}"), flush=True)
 
     def test_step(self, batch: IterationBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._play_held_out(batch, batch_idx, "test")  # the env's test split (or the validation splits) as test/*
@@ -72,11 +90,33 @@ class HeldOutEpisodes:
         return {"episodes": float(len(trajs)), "successes": float(sum(t.success for t in trajs))}
 
     def on_predict_end(self) -> None:
-        """Write the episodes played as trajectory JSONL and print a summary line."""
+        """Write the episodes played as trajectory JSONL, one file per split, and print a summary
+        line per split (success rate and the env's score)."""
         from rspo_lightning.trajectory_io import save_trajectories
 
         self._val_sums = {}
-        name = "predictions.jsonl" if self.trainer.world_size == 1 else f"predictions.rank{self.global_rank}.jsonl"
-        path = self.predict_path or os.path.join(self.trainer.default_root_dir, name)
-        n = save_trajectories(path, self._predicted, self.tokenizer)
-        print(f"predict: {n} episodes, success rate {sum(t.success for t in self._predicted) / max(n, 1):.3f}, written to {path}")
+        by_split: dict[str, list[Trajectory]] = {}
+        for t in self._predicted:
+            by_split.setdefault(t.task.split, []).append(t)
+        for split, trajs in by_split.items():
+            path = self._prediction_path(split)
+            n = save_trajectories(path, trajs, self.tokenizer)
+            print(f"predict {split}: {n} episodes, success rate {sum(t.success for t in trajs) / max(n, 1):.3f}, "
+                  f"score {sum(t.score for t in trajs) / max(n, 1):.3f}, written to {path}", flush=True)
+
+    def _prediction_path(self, split: str) -> str:
+        """``predict_path`` (a file: ``<stem>-<split>.jsonl`` beside it when several splits are
+        played) or ``<run folder>/predictions/<split>-iteration<N>.jsonl``; never an existing file
+        (``-2``, ``-3`` ... are added), so no earlier prediction is overwritten."""
+        rank = "" if self.trainer.world_size == 1 else f".rank{self.global_rank}"
+        if self.predict_path:
+            stem = self.predict_path.removesuffix(".jsonl")
+            base = stem if len({t.task.split for t in self._predicted}) == 1 else f"{stem}-{split}"
+        else:
+            run = getattr(self, "run_dir", None) or self.trainer.log_dir or self.trainer.default_root_dir
+            base = os.path.join(run, "predictions", f"{split}-iteration{self.iteration}")
+        path, n = f"{base}{rank}.jsonl", 1
+        while os.path.exists(path):
+            n += 1
+            path = f"{base}-{n}{rank}.jsonl"
+        return path

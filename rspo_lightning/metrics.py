@@ -86,11 +86,28 @@ def explained_variance(returns: torch.Tensor, values: torch.Tensor) -> float:
 
 
 def metric_prefix(split: str, stage: str = "val") -> str:
-    """``val`` for valid_seen / valid, ``val_<name>`` for other validation splits; ``test`` for the
-    test split, ``test_<name>`` for a validation split played by ``test``."""
-    if stage == "val":
-        return "val" if split in ("valid_seen", "valid") else f"val_{split.removeprefix('valid_')}"
-    return "test" if split == "test" else f"test_{split.removeprefix('valid_')}"
+    """One scheme for every stage (``val``, ``test``): the stage's own name for the first split
+    (``valid_seen``, ``valid`` or ``test``), ``<stage>_<name>`` for another (``val_unseen``,
+    ``test_unseen``)."""
+    return stage if split in ("valid_seen", "valid", "test") else f"{stage}_{split.removeprefix('valid_')}"
+
+
+def results_table(values: dict[str, float], title: str) -> str:
+    """The held-out results as one table: a row per metric, a column per split prefix (``val``,
+    ``val_unseen``), each value once; names are never cut."""
+    columns: dict[str, dict[str, float]] = {}
+    for key, value in values.items():
+        prefix, _, name = key.partition("/")
+        if name:
+            columns.setdefault(prefix, {})[name] = value
+    rows = sorted({name for col in columns.values() for name in col}, key=lambda n: (n.count("/"), n))
+    width = max([len("metric"), *map(len, rows)])
+    widths = [max(len(c), 6) for c in columns]
+    lines = [title, "  ".join(["metric".ljust(width), *(c.rjust(w) for c, w in zip(columns, widths))])]
+    for name in rows:
+        cells = [f"{columns[c][name]:.3f}" if name in columns[c] else "-" for c in columns]
+        lines.append("  ".join([name.ljust(width), *(v.rjust(w) for v, w in zip(cells, widths))]))
+    return "\n".join(lines)
 
 
 def add_held_out(sums: dict[str, list[float]], trajectories: Sequence[Trajectory], prefix: str, tag: str = "") -> None:

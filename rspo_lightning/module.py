@@ -50,8 +50,8 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         val_temperature: sampling temperature of validation episodes (verl-agent uses 0.4).
         val_greedy: also run greedy validation, logged as ``val/greedy_success_rate``.
         seed: seed of rollout sampling (tasks come from the datamodule's seed).
-        predict_path: where ``predict`` writes its episodes (trajectory JSONL); None =
-            ``<trainer.default_root_dir>/predictions.jsonl``.
+        predict_path: where ``predict`` writes its episodes (trajectory JSONL, never over an
+            existing file); None = the run's folder, ``<run>/predictions/<split>-iteration<N>.jsonl``.
     """
 
     def __init__(self, policy: PolicyConfig = PolicyConfig(), algorithm: AlgorithmConfig = AlgorithmConfig(),
@@ -162,11 +162,13 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
                 result, raw = adv.turn_advantages(flat, self.algo, train.old_values, credit=batch.credit, gamma=batch.credit_gamma)
             train = self._with_advantages(train, result)
             den = update.denominators(train, self.algo.loss_agg, self.device)  # J's means count every row
-            train = self._trained_rows(train)
+            probe, train = train, self._trained_rows(train)
             stats = {"samples": float(len(train)), **update.replay_diagnostics(train, den, batch.replay_weight, self.algo.loss_agg)}
             if self._all_ranks(len(train)) > 0:
                 train, mismatch = self.score(train)
                 stats.update(self._update(train, batch.replay_weight, den), **mismatch)
+            else:  # nothing trains (every advantage 0): the rollout diagnostic over one forward chunk of the rows played
+                stats.update(self._probe_mismatch(probe))
         self.iteration += 1
         tokens = self.engine.stats["generated_tokens"] - tokens
         self._log_iteration(metrics.Iteration(batch, flat, train, result, raw, stats, watch.seconds, tokens))
@@ -226,6 +228,14 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
                                          self._dummy(), recompute_old=self.algo.recompute_old_logprobs, device=self.device,
                                          reference=self.reference_model() if self.algo.kl_coef > 0 else None)
         return dataclasses.replace(batch, **scores._asdict()), mismatch
+
+    def _probe_mismatch(self, rows: TrainBatch) -> dict[str, float]:
+        """``rollout/logprob_mismatch_*`` of the first ``forward_batch_size`` on-policy rows (no
+        update follows); every rank takes part, a rank without rows with none."""
+        if not self.algo.recompute_old_logprobs:
+            return {}
+        on_policy = torch.nonzero(~rows.is_replay).flatten()[: self.algo.forward_batch_size]
+        return self.score(rows.select(on_policy))[1]
 
     def _train_batch(self, flat: FlatTurns) -> TrainBatch:
         """The padded rows of ``flat`` (none: this rank still takes part in the collective steps) with
@@ -301,7 +311,8 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
             if played:  # the success rate over all ranks; the other rollout values are this rank's
                 self.log_dict({f"{prefix}/success_rate": won[0] / max(won[1], 1.0), **metrics.rollout_metrics(played, prefix)},
                               on_step=True, batch_size=len(played))
-                self.log("sr", sum(t.success for t in played) / len(played), prog_bar=True, on_step=True, logger=False)
+                if it.batch.policy_tag == "A":  # the progress bar: agent A's training success (RSPO's B logs rollout_b/*)
+                    self.log("success_A", won[0] / max(won[1], 1.0), prog_bar=True, on_step=True, logger=False)
             values = metrics.iteration_metrics(it, self.algo.ppo_epochs)
             values.update({"train/lr": self.lr_schedulers().optimizer.param_groups[0]["lr"], "iteration": float(self.iteration),
                            "train/skipped_steps": float(self.skipped_steps)})
@@ -316,6 +327,9 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
     # -- checkpoint ----------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         save_counters(self, checkpoint)
+        version = getattr(self.logger, "version", None) if self._trainer is not None else None
+        if version is not None:  # the log folder a resumed fit continues in (cli.AgentCLI), as the logger names it
+            checkpoint["rspo_log_version"] = version if isinstance(version, str) else f"version_{version}"
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         load_counters(self, checkpoint)

@@ -1,4 +1,4 @@
-"""TranscriptLogger renders episodes with every model/env text escaped."""
+"""TranscriptLogger: episodes rendered as Markdown that TensorBoard shows as written."""
 
 import os
 
@@ -14,11 +14,18 @@ def _traj(observation, action):
     return Trajectory(task=TaskSpec("rspo/Household-v0", "train", 7), turns=[turn], task_type="pick_and_place")
 
 
-def test_markup_from_the_model_or_env_is_escaped():
-    md = render_transcript(_traj("<script>alert(1)</script>", "<img src=x onerror=alert(1)>"))
-    assert "<script>" not in md and "<img" not in md
-    assert "&lt;script&gt;" in md and "&lt;img src=x onerror=alert(1)&gt;" in md
-    assert "train/7" in md and "INVALID" in md
+def test_transcript_renders_in_tensorboard_as_text():
+    """TensorBoard's own Markdown renderer shows model and env text literally: ``<action>`` as
+    text (one level of escaping in the HTML), no markup executed, nothing escaped twice."""
+    from tensorboard.plugin_util import markdown_to_safe_html
+
+    response_action = "<action> search[red ```shoe``` & more] </action>"
+    md = render_transcript(_traj("<script>alert(1)</script> You see a desk.", response_action))
+    html = markdown_to_safe_html(md)
+    assert "&lt;action&gt; search[red ```shoe``` &amp; more] &lt;/action&gt;" in html  # shown as typed, fences kept
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; You see a desk." in html
+    assert "<script>" not in html and "&amp;lt;" not in html and "&amp;amp;" not in html
+    assert "train/7" in html and "INVALID" in html
 
 
 def test_long_text_is_truncated():

@@ -87,7 +87,7 @@ def test_fit_writes_metrics_and_changes_weights(tmp_path):
     proc = _run(["predict", *TINY_ARGS[1:], "--ckpt_path", str(ckpt_dir / "last.ckpt"), "--data.val_splits", "[valid_unseen]",
                  "--model.predict_path", str(out), "--trainer.logger", "false"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert f"predict: 4 episodes" in proc.stdout and str(out) in proc.stdout
+    assert "predict valid_unseen: 4 episodes, success rate" in proc.stdout and ", score " in proc.stdout and str(out) in proc.stdout
     episodes = load_trajectories(str(out))
     assert sorted(t.task.task_id for t in episodes) == [0, 1, 2, 3] and {t.task.split for t in episodes} == {"valid_unseen"}
     first = json.loads(out.read_text().splitlines()[0])
@@ -153,7 +153,7 @@ def test_test_plays_the_test_split_where_the_env_has_one():
     shop = AgentDataModule(env=EnvConfig(env_id="rspo/Shop-v0"), val_splits=["valid"])
     household = AgentDataModule(env=EnvConfig(), val_splits=["valid_seen", "valid_unseen"])
     assert shop.test_splits() == ["test"] and household.test_splits() == ["valid_seen", "valid_unseen"]
-    assert [AgentRLModule.metric_prefix(s, "test") for s in ("test", "valid_seen", "valid_unseen")] == ["test", "test_seen", "test_unseen"]
+    assert [AgentRLModule.metric_prefix(s, "test") for s in ("test", "valid_seen", "valid_unseen")] == ["test", "test", "test_unseen"]
     assert [AgentRLModule.metric_prefix(s, "val") for s in ("valid", "valid_seen", "valid_unseen")] == ["val", "val", "val_unseen"]
 
 

@@ -138,3 +138,34 @@ def test_rspo_config_runs_one_loop(path, tmp_path):
     loop.buffer.skip_zero_advantage = False  # the untrained tiny model wins nothing: let any item fill the slot
     cli.trainer.fit(cli.model, cli.datamodule)
     assert cli.model.iteration == 3 and loop.counts == {"a_iterations": 1, "b_iterations": 1, "collected_groups": 4, "loops": 1}
+
+
+SMOKE = os.path.join(ROOT, "configs", "smoke.yaml")
+#: the real envs' packages and data are not on the test machine: their configs play the look-alike
+REAL_ENV_STAND_IN = {"alfworld": ("rspo/Household-v0", {}), "textworld": ("rspo/Household-v0", {}),
+                     "webshop": ("rspo/Shop-v0", {})}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_config_runs_one_iteration_under_the_smoke_overlay(path, tmp_path):
+    """``--config <shipped> --config configs/smoke.yaml`` fits one iteration on the CPU with the
+    config's own estimator, loss and callbacks (a learned process reward swapped for progress
+    deltas, a real env for its look-alike), validates, and writes one checkpoint."""
+    from rspo_lightning.cli import AgentCLI
+    from rspo_lightning.datamodules import AgentDataModule
+    from rspo_lightning.module import AgentRLModule
+
+    folder = os.path.basename(os.path.dirname(path))
+    args = ["--config", path, "--config", SMOKE, "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false"]
+    if folder in REAL_ENV_STAND_IN:
+        env_id, kwargs = REAL_ENV_STAND_IN[folder]
+        args += ["--data.env.env_id", env_id, "--data.env.kwargs", json.dumps(kwargs)]
+    dense = (yaml.safe_load(open(path)).get("model") or {}).get("dense_reward") or {}
+    if dense.get("class_path", "").endswith("ProcessRewardModelReward"):
+        args += ["--model.dense_reward=rspo_lightning.rewards.EnvProgressReward"]
+    cli = AgentCLI(AgentRLModule, AgentDataModule, run=False, args=args, auto_configure_optimizers=False, save_config_callback=None)
+    assert cli.trainer.precision == "32-true" and cli.model.policy_cfg.source == "tiny"
+    cli.trainer.fit(cli.model, cli.datamodule)
+    assert cli.model.iteration == 1
+    assert "val/success_rate" in cli.trainer.callback_metrics
+    assert glob.glob(str(tmp_path / "**" / "last.ckpt"), recursive=True)

@@ -407,12 +407,12 @@ def test_the_process_reward_flow_end_to_end_on_household(tmp_path, capfd):
           "--trainer.num_sanity_val_steps=0", *small])
     export(str(tmp_path / "run" / "compare_grpo" / "checkpoints" / "last.ckpt"), str(tmp_path / "policy"))
     main(["predict", "--config", f"{cfg}/compare/grpo.yaml", f"--model.policy.source={tmp_path}/policy",
-          f"--trainer.default_root_dir={tmp_path}/rec", "--data.predict_splits=[train]", "--data.predict_samples=8",
+          f"--trainer.default_root_dir={tmp_path}/rec", f"--model.predict_path={tmp_path}/rec/episodes.jsonl", "--data.predict_splits=[train]", "--data.predict_samples=8",
           "--data.num_val_tasks=32", "--model.val_temperature=1.0", "--trainer.enable_progress_bar=false"])
-    episodes = load_trajectories(str(tmp_path / "rec" / "predictions.jsonl"))
+    episodes = load_trajectories(str(tmp_path / "rec" / "episodes.jsonl"))
     assert len(episodes) == 256 and 0 < sum(t.success for t in episodes) < 256  # won and lost
     main(["fit", "--config", f"{cfg}/household/prm.yaml", f"--model.init_args.policy.source={tmp_path}/policy",
-          f"--data.init_args.train_path={tmp_path}/rec/predictions.jsonl", "--data.init_args.val_fraction=0.3",
+          f"--data.init_args.train_path={tmp_path}/rec/episodes.jsonl", "--data.init_args.val_fraction=0.3",
           "--trainer.max_epochs=3", f"--trainer.default_root_dir={tmp_path}/prm", f"--trainer.logger.init_args.save_dir={tmp_path}/prm",
           "--trainer.enable_progress_bar=false"])
     printed = capfd.readouterr().out

@@ -2,7 +2,8 @@
 
 from rspo_lightning.callbacks.budget import EnvStepBudget
 from rspo_lightning.callbacks.curriculum import Curriculum
+from rspo_lightning.callbacks.progress import IterationProgressBar
 from rspo_lightning.callbacks.rspo import RSPOAgent, RSPOLoop
 from rspo_lightning.callbacks.transcripts import TranscriptLogger, render_transcript
 
-__all__ = ["Curriculum", "EnvStepBudget", "RSPOAgent", "RSPOLoop", "TranscriptLogger", "render_transcript"]
+__all__ = ["Curriculum", "EnvStepBudget", "IterationProgressBar", "RSPOAgent", "RSPOLoop", "TranscriptLogger", "render_transcript"]

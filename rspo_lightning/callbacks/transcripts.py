@@ -1,32 +1,42 @@
-"""TranscriptLogger: a few full episodes as TensorBoard text, escaped so model text can't inject markup."""
+"""TranscriptLogger: a few full episodes as Markdown text (TensorBoard's text plugin renders it).
+
+Env and model text sits in fenced code blocks: Markdown shows a code block's content literally
+(``<action>`` stays ``<action>``, HTML never runs), so nothing is escaped twice.
+"""
 
 from __future__ import annotations
 
-import html
+import re
 
 import lightning.pytorch as pl
 
 from rspo_lightning.types import Trajectory
 
 
+def _clip(text: str, max_chars: int) -> str:
+    text = str(text)
+    return text[:max_chars] + " [...]" if len(text) > max_chars else text
+
+
+def fenced(text: str) -> str:
+    """``text`` as a fenced code block, the fence longer than any backtick run inside it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{text}\n{fence}"
+
+
 def render_transcript(traj: Trajectory, tokenizer=None, max_chars: int = 2000) -> str:
-    """Markdown of one episode; every piece of env/model text is HTML-escaped and truncated."""
-
-    def esc(text: str) -> str:
-        text = str(text)
-        if len(text) > max_chars:
-            text = text[:max_chars] + " [...]"
-        return html.escape(text).replace("\n", "  \n")
-
-    lines = [
-        f"**task** {esc(traj.task.split)}/{traj.task.task_id} ({esc(traj.task_type)}) — "
-        f"success: {traj.success}, score: {traj.score:.2f}, turns: {len(traj.turns)}  "
-    ]
+    """Markdown of one episode: a header line, then per turn the observation, the model's
+    response and the parsed action, each a fenced code block (truncated to ``max_chars``)."""
+    split, task_id, task_type = (re.sub(r"[^\w.-]", "_", str(v)) for v in (traj.task.split, traj.task.task_id, traj.task_type))
+    lines = [f"**task** {split}/{task_id} ({task_type}) — success: {bool(traj.success)}, score: {traj.score:.2f}, "
+             f"turns: {len(traj.turns)}", ""]  # outside the code blocks: plain names only
     for i, turn in enumerate(traj.turns):
         response = tokenizer.decode(turn.response_ids, skip_special_tokens=True) if tokenizer is not None else ""
-        lines.append(f"**{i + 1}. observation:** {esc(turn.observation)}  ")
-        lines.append(f"**response:** `{esc(response)}` → **action:** {esc(turn.action)} "
-                     f"({'valid' if turn.valid else 'INVALID'}, reward {turn.outcome_reward:g})  ")
+        lines += [f"**{i + 1}. observation**", "", fenced(_clip(turn.observation, max_chars)), "",
+                  "**response**", "", fenced(_clip(response, max_chars)), "",
+                  f"**action** ({'valid' if turn.valid else 'INVALID'}, reward {turn.outcome_reward:g})", "",
+                  fenced(_clip(turn.action, max_chars)), ""]
     return "\n".join(lines)
 
 

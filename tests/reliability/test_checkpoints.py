@@ -122,11 +122,18 @@ def _fit(cwd, *extra, expect_kill=False):
 
 
 def _scalars(version_dir):
+    """``{tag: {step: value}}`` as TensorBoard shows the folder (its purge of a killed run's
+    points past the resumed step applied); every tag's steps strictly increasing."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(version_dir), size_guidance={"scalars": 0})
     acc.Reload()
-    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+    out = {}
+    for tag in acc.Tags()["scalars"]:
+        steps = [e.step for e in acc.Scalars(tag)]
+        assert steps == sorted(set(steps)), (tag, steps)  # no repeated or backwards point
+        out[tag] = {e.step: e.value for e in acc.Scalars(tag)}
+    return out
 
 
 def test_sigkill_mid_epoch_then_ckpt_path_last_reproduces_the_run(tmp_path):
@@ -135,17 +142,23 @@ def test_sigkill_mid_epoch_then_ckpt_path_last_reproduces_the_run(tmp_path):
     _fit(full, "--trainer.default_root_dir", str(full / "elsewhere"))  # logs and checkpoints follow default_root_dir
     assert not (full / "runs").exists() and (full / "elsewhere" / "compare_grpo_rspo" / "checkpoints" / "last.ckpt").exists()
     # iterations (k = 1): 0 explore, 1 collect, 2 exploit | 3 explore, 4 collect, 5 exploit; killed as the
-    # 5th starts (mid-epoch 2, B active): the last checkpoint holds 4 iterations done
-    _fit(crash, "--trainer.callbacks+=distributed_helpers.KillAt", "--trainer.callbacks.at=4", expect_kill=True)
+    # 6th starts (mid-epoch 2, B active) with a checkpoint every 2 iterations: the last one holds 4
+    # iterations done, and the killed run had logged step 5 too (TensorBoard shows the resumed run's)
+    _fit(crash, "--trainer.callbacks+=distributed_helpers.KillAt", "--trainer.callbacks.at=5",
+         "--checkpoint.every_n_iterations=2", expect_kill=True)
+    assert _scalars(crash / "runs" / "compare_grpo_rspo" / "version_0")["rspo/phase"] == {1: 0.0, 2: 1.0, 3: 2.0, 4: 0.0, 5: 1.0}
+    assert torch.load(crash / "runs" / "compare_grpo_rspo" / "checkpoints" / "last.ckpt", weights_only=True)["rspo_iteration"] == 4
     ckpt_dir = crash / "runs" / "compare_grpo_rspo" / "checkpoints"
     assert (ckpt_dir / "last.ckpt").exists() and (ckpt_dir / "last.ckpt.sha256").exists()
     _fit(crash, "--ckpt_path", "last")  # the README's resume command
+    # one TensorBoard run: the resumed fit logs on in the killed run's folder
+    assert sorted(os.listdir(crash / "runs" / "compare_grpo_rspo")) == ["checkpoints", "version_0"]
     a = _scalars(full / "elsewhere" / "compare_grpo_rspo" / "version_0")
-    b = _scalars(crash / "runs" / "compare_grpo_rspo" / "version_1")  # the resumed run
-    keys = [k for k in b if k.startswith(("train/", "rollout", "rspo/", "val"))]
+    b = _scalars(crash / "runs" / "compare_grpo_rspo" / "version_0")  # killed, then resumed
+    keys = [k for k in a if k.startswith(("train/", "rollout", "rspo/", "val"))]
     assert "rollout/success_rate" in keys and "val/success_rate" in keys and "rspo/phase" in keys
     for k in keys:
-        assert b[k] == {s: v for s, v in a[k].items() if s > 4}, k
+        assert b[k] == a[k], k
     # every point belongs to the iteration it is plotted at: B's rollout metrics only at explore
     # iterations (steps 1 and 4 = iterations done after iterations 0 and 3), no loss at the collect
     # iterations (steps 2 and 5), the phase plotted every iteration
