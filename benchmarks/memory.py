@@ -55,10 +55,10 @@ def main() -> None:
         common += ["--model.policy.source=smollm2", "--model.rollout.constrained_decoding=false",
                    "--model.rollout.template=household", "--model.rollout.max_new_tokens=32",
                    "--model.algorithm.minibatch_size=16", "--model.algorithm.micro_batch_size=4",
-                   '--data.env.kwargs={"task_types": ["pick_and_place"], "num_receptacles": 4, "max_steps": %d}' % max_steps]
+                   f'--data.env.kwargs={{"task_types": ["pick_and_place"], "num_receptacles": 4, "max_steps": {max_steps}}}']
     elif max_steps is not None:
         common.append('--data.env.kwargs={"task_types": ["pick_and_place"], "num_receptacles": 4, "num_distractors": 1, '
-                      '"num_object_types": 8, "max_steps": %d, "info_actions": false}' % max_steps)
+                      f'"num_object_types": 8, "max_steps": {max_steps}, "info_actions": false}}')
     lora = ['--model.policy.lora={"r": 16, "alpha": 32}']
     rspo = ["--trainer.callbacks.init_args.k=1"]
     variants = {

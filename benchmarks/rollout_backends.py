@@ -71,7 +71,7 @@ def main() -> None:
 
     engines = build(args)
     tasks = [TaskSpec("rspo/Household-v0", "train", i, group_id=i) for i in range(args.tasks)]
-    for name, engine in engines.items():  # warm-up (the vLLM engine's build, first-call allocations, envs)
+    for engine in engines.values():  # warm-up (the vLLM engine's build, first-call allocations, envs)
         collect(engine, tasks[:2], 2, seed=10_000)
     build_s = engines["vllm"].vllm.stats["build_s"]
     rows = {name: [] for name in engines}

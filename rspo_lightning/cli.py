@@ -24,7 +24,7 @@ import sys
 import yaml
 from jsonargparse import Namespace
 from jsonargparse._common import debug_mode_active
-from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning.pytorch.callbacks import ProgressBar
@@ -226,7 +226,7 @@ class AgentCLI(LightningCLI):
         if m_init is not None and d_init is not None and "env" in m_init and m_init.get("env") is None and d_init.get("env") is not None:
             m_init["env"] = d_init["env"]
 
-    def _instantiate_trainer(self, config: dict, callbacks: list) -> "Trainer":
+    def _instantiate_trainer(self, config: dict, callbacks: list) -> Trainer:
         if config.get("enable_checkpointing") is False:  # Lightning refuses a checkpoint callback then
             callbacks = [c for c in callbacks if not isinstance(c, IterationCheckpoint)]
         given = [*callbacks, *(config.get("callbacks") or [])]

@@ -108,7 +108,7 @@ class SwapConfig:
     """Swap-partner auxiliary loss (the seed article's reading of "reward swap"; off by default).
 
     Total loss = L + λ_t · L_swap with λ_t warmed up linearly from 0 to ``coef`` over
-    ``warmup_iterations`` (``losses.swap_partner_loss``; partners are found inside each
+    ``warmup_iterations`` (``partner_loss.partner_loss``; partners are found inside each
     micro-batch).
 
     Args:

@@ -1,5 +1,5 @@
 """AgentRLModule: the LightningModule that owns policy, value head and reference model, and runs
-one RL iteration per ``training_step`` (DESIGN §3):
+one RL iteration per ``training_step`` (docs/design.md §3):
 
 collect (``RolloutEngine``) -> flatten (``batching``) -> score (``scoring``) -> advantages
 (``advantages.turn_advantages``) -> update (``update.ppo_update``) -> log (``metrics``).

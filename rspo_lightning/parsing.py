@@ -1,6 +1,6 @@
 """Turn a model response into an environment action.
 
-Format (DESIGN §6): optional reasoning inside ``<think>...</think>``, exactly one action inside
+Format (docs/design.md §6): optional reasoning inside ``<think>...</think>``, exactly one action inside
 ``<action>...</action>``. Anything else is an invalid action: the caller charges the
 invalid-action penalty and the environment receives an empty action ("Nothing happens.").
 Parsing never raises, whatever the text.

@@ -108,7 +108,7 @@ def partner_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Swap-partner auxiliary loss: sample j's tokens trained with a similar sample i's advantage.
 
-    The seed article's reading of "reward swap" (DESIGN §8; not the RSPO paper's replay of an
+    The seed article's reading of "reward swap" (docs/design.md §8; not the RSPO paper's replay of an
     explorer's relabelled trajectories, which is ``callbacks/rspo.py``). For each sample i, with
     probability ``p_swap`` it participates, and its partners S(i) are:
 

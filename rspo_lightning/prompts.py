@@ -2,7 +2,7 @@
 
 Each turn's prompt is rebuilt from scratch: task, step count, the last ``history_window``
 (observation, action) pairs, the current observation and the admissible actions. The context
-therefore stays flat however long the episode runs (DESIGN §3).
+therefore stays flat however long the episode runs (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -201,7 +201,8 @@ def build_turn_prompt(
         _TRUNCATION_WARNED = True
         warnings.warn(
             f"a prompt exceeds the model's context ({len(ids)} > {max_tokens} tokens) even without history; "
-            "cutting the observation in the middle (shown once). Raise the context or shorten observations."
+            "cutting the observation in the middle (shown once). Raise the context or shorten observations.",
+            stacklevel=2,
         )
     obs, mark = observation, " [...] "
     while len(ids) > max_tokens and obs:

@@ -1,4 +1,4 @@
-"""ReplayBuffer of trajectory groups (RSPO's D, DESIGN §10).
+"""ReplayBuffer of trajectory groups (RSPO's D, docs/design.md §10).
 
 Groups are stored whole with their behaviour log-probs, outcome rewards, success, task type,
 policy tag, iteration and (when the learner's estimator is group-relative) each turn's
@@ -7,7 +7,7 @@ reward at collection time. One buffer per rank: each rank replays what it played
 plain lists/dicts/numbers, so it is saved in a Lightning checkpoint and loads back with
 ``torch.load(weights_only=True)``.
 
-What a replay slot may hold (DESIGN §10, "replay must carry gradient"): an item (a group, or a
+What a replay slot may hold (docs/design.md §10, "replay must carry gradient"): an item (a group, or a
 trajectory with ``unit="trajectory"``) whose advantage is exactly 0 on every turn - an all-won
 or all-failed group under GRPO - adds no policy gradient, so with ``skip_zero_advantage`` it is
 never drawn.

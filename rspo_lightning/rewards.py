@@ -1,4 +1,4 @@
-"""Dense (process) reward sources (DESIGN §11).
+"""Dense (process) reward sources (docs/design.md §11).
 
 A dense reward source is any object with ``turn_rewards(trajectory) -> list[float]`` (one value
 per turn; the ``DenseReward`` Protocol). ``assign_dense_rewards`` writes them into

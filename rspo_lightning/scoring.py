@@ -1,5 +1,5 @@
 """Scoring a ``TrainBatch`` before the update: what a model gives its response tokens, in chunks
-over the rows, and the critic's values (DESIGN §3, "score").
+over the rows, and the critic's values (docs/design.md §3, "score").
 
 Functions of (model, batch, settings) that return tensors; none writes into the batch it reads
 (the module builds the next stage's batch from their results with ``dataclasses.replace``).

@@ -248,7 +248,7 @@ def _json_arg(text: str | None, name: str) -> dict | None:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise SystemExit(f"{name} must be a JSON object, got {text!r}: {e}")
+        raise SystemExit(f"{name} must be a JSON object, got {text!r}: {e}") from None
     if not isinstance(value, dict):
         raise SystemExit(f"{name} must be a JSON object, got {text!r}")
     return value

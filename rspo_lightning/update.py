@@ -1,4 +1,4 @@
-"""The PPO-style update of one RL iteration (DESIGN §3, "update"): ``ppo_epochs`` x minibatches of
+"""The PPO-style update of one RL iteration (docs/design.md §3, "update"): ``ppo_epochs`` x minibatches of
 optimizer steps over a scored ``TrainBatch``, and the loss of one micro-batch.
 
 ``ppo_update`` is a function of (batch, loss function, optimizer, config) and runs without a

@@ -217,7 +217,7 @@ def test_validating_the_export_reproduces_validating_its_checkpoint(tmp_path):
         seen = {}
 
         class Keep(pl.Callback):
-            def on_validation_end(self, trainer, pl_module):
+            def on_validation_end(self, trainer, pl_module, seen=seen):
                 seen.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val")})
 
         import rspo_lightning.cli as cli_module

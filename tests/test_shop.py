@@ -342,7 +342,7 @@ def test_pagination_ten_per_page_capped_at_num_results(env):
     ranked = hand_ranking(env.catalog, "free")
     assert len(ranked) > 50
     obs, _, _, _, info = env.step("search[free]")
-    for page in range(2, 6):
+    for _page in range(2, 6):
         obs, _, _, _, info = env.step("click[next >]")
     assert "Page 5 (Total results: 50)" in obs and ASIN.findall(obs) == ranked[40:50]
     assert "Next >" not in obs and "click[next >]" not in info["admissible_actions"]

@@ -1,4 +1,4 @@
-"""RSPOLoop: Reward-Swap Policy Optimization as a reusable Lightning callback (DESIGN §10).
+"""RSPOLoop: Reward-Swap Policy Optimization as a reusable Lightning callback (docs/design.md §10).
 
 One loop is ``2k + 1`` training batches (iterations); with ``k = 2`` the phases are::
 

@@ -1,4 +1,4 @@
-"""Text environments (DESIGN §5); importing this package registers the `rspo/` ids with gymnasium.
+"""Text environments (docs/design.md §5); importing this package registers the `rspo/` ids with gymnasium.
 
 gymnasium >= 1.0 has no plugin loader (the ``gymnasium.envs`` entry-point group of gym 0.2x is
 gone), so a bare ``gymnasium.make("rspo/Household-v0")`` only works once this package is

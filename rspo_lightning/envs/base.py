@@ -1,4 +1,4 @@
-"""The TextEnv contract (DESIGN §5) and the `rspo/` environment registry.
+"""The TextEnv contract (docs/design.md §5) and the `rspo/` environment registry.
 
 Every environment in `rspo_lightning.envs` is a `gymnasium.Env` whose observations and actions
 are strings. `TextEnv` fixes the spaces, the info keys and the "any input is legal" rule; the
@@ -44,7 +44,7 @@ def normalize_action(action: Any) -> str | None:
 
 
 class TextEnv(gymnasium.Env):
-    """Base class of the text environments (DESIGN §5).
+    """Base class of the text environments (docs/design.md §5).
 
     Contract for subclasses:
 

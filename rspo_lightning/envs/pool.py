@@ -297,7 +297,7 @@ class EnvPool:
         else:
             replies = self._batch(calls)
         out = []
-        for i, ok, value in replies:
+        for _, ok, value in replies:
             if not ok:
                 self.rebuilds += 1
                 value = EnvFault(value)
