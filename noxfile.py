@@ -4,6 +4,7 @@ The main suite runs in the current environment (``pytest``). vLLM pins a transfo
 and pulls a torch stack of its own, so its tests run in a second virtualenv that this file
 builds: ``nox -s vllm`` (first run ~3 min and ~3.5 GB; later runs reuse it with ``-R``).
 """
+
 import nox
 
 nox.options.sessions = ["vllm"]

@@ -58,8 +58,10 @@ class RunHistory(pl.Callback):
     def _take(self, pl_module) -> None:
         pending = getattr(pl_module, "_iteration_metrics", None)
         if pending is None:
-            raise TypeError(f"RunHistory needs a module that buffers each iteration's metrics in `_iteration_metrics` "
-                            f"(rspo_lightning.metrics.IterationLog); {type(pl_module).__name__} has none")
+            raise TypeError(
+                f"RunHistory needs a module that buffers each iteration's metrics in `_iteration_metrics` "
+                f"(rspo_lightning.metrics.IterationLog); {type(pl_module).__name__} has none"
+            )
         if pending:
             step = int(pl_module.iteration)
             self.train.setdefault(step, {}).update({k: float(v) for k, v in pending.items()})
@@ -93,18 +95,25 @@ class RunHistory(pl.Callback):
 
     # -- end of fit and checkpoints ----------------------------------------------------------
     def as_dict(self, finished: bool) -> dict:
-        return {"train": {str(k): v for k, v in sorted(self.train.items())},
-                "val": {str(k): v for k, v in sorted(self.val.items())},
-                "stop_requested_at": self.stop_requested_at, "extra_iterations": self.extra_iterations,
-                "finished": finished}
+        return {
+            "train": {str(k): v for k, v in sorted(self.train.items())},
+            "val": {str(k): v for k, v in sorted(self.val.items())},
+            "stop_requested_at": self.stop_requested_at,
+            "extra_iterations": self.extra_iterations,
+            "finished": finished,
+        }
 
     def on_fit_end(self, trainer, pl_module) -> None:
         if trainer.is_global_zero:
             write_json_atomic(self.path, self.as_dict(finished=True))
 
     def state_dict(self) -> dict:
-        return {"train": self.train, "val": self.val, "stop_requested_at": self.stop_requested_at,
-                "extra_iterations": self.extra_iterations}
+        return {
+            "train": self.train,
+            "val": self.val,
+            "stop_requested_at": self.stop_requested_at,
+            "extra_iterations": self.extra_iterations,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.train = {int(k): dict(v) for k, v in state.get("train", {}).items()}

@@ -20,11 +20,23 @@ def fit_job(name: str, config: str, seed: int, extra: list[str], runs: str, thre
     run_dir = Path(runs) / name / f"seed{seed}"
     if (run_dir / "done.json").exists():
         return run_dir
-    cmd = [sys.executable, "-m", "rspo_lightning.cli", "fit", "--config", str(ROOT / config),
-           f"--seed_everything={seed}", f"--model.seed={seed}", f"--data.seed={seed}",
-           "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
-           f"--trainer.logger.init_args.save_dir={runs}", f"--trainer.logger.init_args.name={name}",
-           f"--trainer.logger.init_args.version=seed{seed}", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rspo_lightning.cli",
+        "fit",
+        "--config",
+        str(ROOT / config),
+        f"--seed_everything={seed}",
+        f"--model.seed={seed}",
+        f"--data.seed={seed}",
+        "--trainer.enable_checkpointing=false",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.logger.init_args.save_dir={runs}",
+        f"--trainer.logger.init_args.name={name}",
+        f"--trainer.logger.init_args.version=seed{seed}",
+        *extra,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -66,8 +78,9 @@ def fmt(xs: list[float]) -> str:
     return f"{m:.3f} ± {s:.3f}"
 
 
-def plot_curves(path: str, panels: list[tuple[str, str, dict[str, list[list[tuple[float, float]]]]]],
-                ncols: int | None = None) -> None:
+def plot_curves(
+    path: str, panels: list[tuple[str, str, dict[str, list[list[tuple[float, float]]]]]], ncols: int | None = None
+) -> None:
     """One subplot per panel ``(title, x label, {label: [curve per seed = [(x, y)...]]})``: the
     mean over seeds with a ±std band (points paired by index). ``ncols`` panels per row (default:
     all in one row)."""
@@ -91,7 +104,7 @@ def plot_curves(path: str, panels: list[tuple[str, str, dict[str, list[list[tupl
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
-    for ax in flat[len(panels):]:
+    for ax in flat[len(panels) :]:
         ax.set_visible(False)
     for row in axes:
         row[0].set_ylabel("success rate")

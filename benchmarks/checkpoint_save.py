@@ -26,12 +26,22 @@ def tiny_checkpoint() -> dict:
     """The state of a quickstart-sized run: a 0.36M-parameter policy, Adam moments, a replay buffer's worth of lists."""
     from rspo_lightning.policy import TinyModelConfig, load_policy
 
-    model, _ = load_policy("tiny", tiny=TinyModelConfig(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256),
-                           corpus=["go to the shelf 1", "take the apple 1 from the shelf 1"])
+    model, _ = load_policy(
+        "tiny",
+        tiny=TinyModelConfig(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256),
+        corpus=["go to the shelf 1", "take the apple 1 from the shelf 1"],
+    )
     params = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    return {"state_dict": params, "optimizer_states": [{"m": {k: torch.zeros_like(v) for k, v in params.items()},
-                                                        "v": {k: torch.zeros_like(v) for k, v in params.items()}}],
-            "callbacks": {"RSPOLoop": {"buffer": [[list(range(300))] * 8] * 16}}}
+    return {
+        "state_dict": params,
+        "optimizer_states": [
+            {
+                "m": {k: torch.zeros_like(v) for k, v in params.items()},
+                "v": {k: torch.zeros_like(v) for k, v in params.items()},
+            }
+        ],
+        "callbacks": {"RSPOLoop": {"buffer": [[list(range(300))] * 8] * 16}},
+    }
 
 
 def large_checkpoint(n: int = 134_500_000) -> dict:
@@ -45,7 +55,10 @@ def main() -> None:
     args = p.parse_args()
     out = tempfile.mkdtemp(prefix="ckpt_bench_")
     ratio = None
-    for name, ckpt, repeats in (("tiny", tiny_checkpoint(), args.repeats), ("135M + Adam", large_checkpoint(), args.large_repeats)):
+    for name, ckpt, repeats in (
+        ("tiny", tiny_checkpoint(), args.repeats),
+        ("135M + Adam", large_checkpoint(), args.large_repeats),
+    ):
         times: dict[str, list[float]] = {"atomic": [], "lightning": []}
         for _ in range(repeats):  # interleaved: a slow spell of the machine hits both sides
             for side, io in (("atomic", AtomicCheckpointIO()), ("lightning", TorchCheckpointIO())):
@@ -55,7 +68,9 @@ def main() -> None:
                 times[side].append(time.perf_counter() - t0)
         size = os.path.getsize(os.path.join(out, "atomic.ckpt")) / 1e6
         for side, ts in times.items():
-            print(f"{name} ({size:.1f} MB) {side}: median {statistics.median(ts):.3f} s (range {min(ts):.3f}-{max(ts):.3f}, n={len(ts)})")
+            print(
+                f"{name} ({size:.1f} MB) {side}: median {statistics.median(ts):.3f} s (range {min(ts):.3f}-{max(ts):.3f}, n={len(ts)})"
+            )
         if name == "tiny":
             ratio = statistics.median(times["atomic"]) / statistics.median(times["lightning"])
         for f in os.listdir(out):

@@ -28,8 +28,10 @@ ALGORITHMS = ["grpo", "rloo", "ppo", "gigpo", "proxmo", "a2tgpo"]
 def summarise(run_dir: Path) -> dict:
     series = read_events(run_dir)["series"]
     env_steps = {0: 0.0, **series.get("rollout/env_steps", {})}
-    out = {"val": {t: v for t, v in series.items() if t.startswith(("val/success_rate", "val_unseen/success_rate"))},
-           "env_steps": env_steps}
+    out = {
+        "val": {t: v for t, v in series.items() if t.startswith(("val/success_rate", "val_unseen/success_rate"))},
+        "env_steps": env_steps,
+    }
     for tag in ("perf/rollout_s", "perf/update_s", "perf/advantage_s", "train/samples"):
         values = list(series.get(tag, {}).values())
         out[tag] = sum(values) / max(len(values), 1)
@@ -40,13 +42,19 @@ def summarise(run_dir: Path) -> dict:
 
 def write_report(results: dict[str, list[dict]], args) -> float:
     algs = [a for a in args.algorithms if results.get(a)]
-    final_tags = sorted({t for a in algs for r in results[a] for t in r["val"]},
-                        key=lambda t: (not t.startswith("val/"), t.count("/"), t))
-    lines = [f"Budget: {args.env_steps} environment steps per run; seeds {args.seeds}; {args.val_tasks} validation tasks per split; "
-             f"{args.jobs} runs at a time, {args.threads} torch thread(s) each. Final = validation at the budget's stop.", "",
-             "| algorithm | " + " | ".join(f"`{t}`" for t in final_tags)
-             + " | iterations | env steps | trained turns / iteration | s / iteration | estimator ms / iteration (% of iteration) |",
-             "|---" * (len(final_tags) + 6) + "|"]
+    final_tags = sorted(
+        {t for a in algs for r in results[a] for t in r["val"]},
+        key=lambda t: (not t.startswith("val/"), t.count("/"), t),
+    )
+    lines = [
+        f"Budget: {args.env_steps} environment steps per run; seeds {args.seeds}; {args.val_tasks} validation tasks per split; "
+        f"{args.jobs} runs at a time, {args.threads} torch thread(s) each. Final = validation at the budget's stop.",
+        "",
+        "| algorithm | "
+        + " | ".join(f"`{t}`" for t in final_tags)
+        + " | iterations | env steps | trained turns / iteration | s / iteration | estimator ms / iteration (% of iteration) |",
+        "|---" * (len(final_tags) + 6) + "|",
+    ]
     overheads = {}
     for a in algs:
         rs = results[a]
@@ -60,9 +68,16 @@ def write_report(results: dict[str, list[dict]], args) -> float:
         iters = mean_std([r["iterations"] for r in rs])[0]
         steps = mean_std([r["total_env_steps"] for r in rs])[0]
         rows = mean_std([r["train/samples"] for r in rs])[0]
-        lines.append(f"| {a} | " + " | ".join(cells)
-                     + f" | {iters:.1f} | {steps:.0f} | {rows:.0f} | {it_s:.2f} | {1000 * adv_s:.2f} ({100 * adv_s / it_s:.3f}%) |")
-    lines += ["", "Estimator time added relative to GRPO (estimator ms − GRPO's estimator ms, as % of that algorithm's iteration):", ""]
+        lines.append(
+            f"| {a} | "
+            + " | ".join(cells)
+            + f" | {iters:.1f} | {steps:.0f} | {rows:.0f} | {it_s:.2f} | {1000 * adv_s:.2f} ({100 * adv_s / it_s:.3f}%) |"
+        )
+    lines += [
+        "",
+        "Estimator time added relative to GRPO (estimator ms − GRPO's estimator ms, as % of that algorithm's iteration):",
+        "",
+    ]
     worst = 0.0
     grpo_adv = overheads.get("grpo", (None,))[0]
     for a, (adv_s, it_s) in overheads.items():
@@ -75,8 +90,13 @@ def write_report(results: dict[str, list[dict]], args) -> float:
     print("\n".join(lines))
     panels = []
     for tag, title in [("val/success_rate", "valid_seen"), ("val_unseen/success_rate", "valid_unseen")]:
-        curves = {a: [[(r["env_steps"].get(step, float("nan")), v) for step, v in _regular(r["val"].get(tag, {}))]
-                      for r in results[a]] for a in algs}
+        curves = {
+            a: [
+                [(r["env_steps"].get(step, float("nan")), v) for step, v in _regular(r["val"].get(tag, {}))]
+                for r in results[a]
+            ]
+            for a in algs
+        }
         panels.append((f"{title} success (mean ± std, {len(args.seeds)} seeds)", "environment steps", curves))
     plot_curves(args.out + ".png", panels)
     return worst
@@ -105,8 +125,13 @@ def main() -> None:
     p.add_argument("extra", nargs="*", help="extra `fit` arguments passed to every run, after --")
     args = p.parse_args()
     pairs = [(a, s) for s in args.seeds for a in args.algorithms]
-    extra = ["--trainer.max_epochs=1000", "--trainer.callbacks+=rspo_lightning.callbacks.EnvStepBudget",
-             f"--trainer.callbacks.max_env_steps={args.env_steps}", f"--data.num_val_tasks={args.val_tasks}", *args.extra]
+    extra = [
+        "--trainer.max_epochs=1000",
+        "--trainer.callbacks+=rspo_lightning.callbacks.EnvStepBudget",
+        f"--trainer.callbacks.max_env_steps={args.env_steps}",
+        f"--data.num_val_tasks={args.val_tasks}",
+        *args.extra,
+    ]
     t0 = time.time()
     dirs = run_all([(a, f"configs/compare/{a}.yaml", s, extra, args.runs, args.threads) for a, s in pairs], args.jobs)
     results: dict[str, list[dict]] = {}

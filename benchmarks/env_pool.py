@@ -37,9 +37,22 @@ def alfworld_data() -> str:
     package = Path(importlib.util.find_spec("alfworld").submodule_search_locations[0])
     script = Path(sys.executable).parent / "alfworld-generate"
     script = str(script) if script.is_file() else shutil.which("alfworld-generate")
-    cmd = [sys.executable, script, "--data_path", str(ROOT / "tests" / "fixtures" / "alfworld" / "json_2.1.1"),
-           "--save_path", str(root / "json_2.1.1"), "--domain", str(package / "data" / "alfred.pddl"),
-           "--grammar", str(package / "data" / "alfred.twl2"), "--expert_type", "planner", "--end", "1000000"]
+    cmd = [
+        sys.executable,
+        script,
+        "--data_path",
+        str(ROOT / "tests" / "fixtures" / "alfworld" / "json_2.1.1"),
+        "--save_path",
+        str(root / "json_2.1.1"),
+        "--domain",
+        str(package / "data" / "alfred.pddl"),
+        "--grammar",
+        str(package / "data" / "alfred.twl2"),
+        "--expert_type",
+        "planner",
+        "--end",
+        "1000000",
+    ]
     subprocess.run(cmd, env={**os.environ, "ALFWORLD_DATA": str(root)}, check=True, capture_output=True, timeout=600)
     return str(root)
 
@@ -49,7 +62,9 @@ def play(pool: EnvPool, n: int, turns: int, splits: list[str], games: int, seed:
     rng = random.Random(seed)
     pool.ensure(n)
     t0 = time.perf_counter()
-    results = pool.reset([(i, {"split": splits[i % len(splits)], "task_id": (i // len(splits)) % games}) for i in range(n)])
+    results = pool.reset(
+        [(i, {"split": splits[i % len(splits)], "task_id": (i // len(splits)) % games}) for i in range(n)]
+    )
     calls, seen, infos = n, [], {}
     for i, r in enumerate(results):
         if isinstance(r, EnvFault):
@@ -83,7 +98,11 @@ def main() -> None:
     if args.env == "household":
         env_id, kwargs, splits, games = "rspo/Household-v0", {"max_steps": 50}, ["train"], 10**6
     else:
-        env_id, splits, games = "rspo/ALFWorld-v0", ["train", "valid_seen", "valid_unseen"], 1  # one fixture game per split
+        env_id, splits, games = (
+            "rspo/ALFWorld-v0",
+            ["train", "valid_seen", "valid_unseen"],
+            1,
+        )  # one fixture game per split
         kwargs = {"data_dir": alfworld_data(), "split": "train", "max_steps": 50}
     results = {}
     for workers in (0, args.workers):

@@ -24,12 +24,11 @@ import statistics
 import time
 
 import torch
-
 from scaling import build_module, run_iteration
 
 from rspo_lightning.advantages import ESTIMATORS, turn_advantages
 from rspo_lightning.batching import flatten
-from rspo_lightning.config import AlgorithmConfig, KNOWN_ESTIMATORS
+from rspo_lightning.config import KNOWN_ESTIMATORS, AlgorithmConfig
 from rspo_lightning.rewards import EnvProgressReward, assign_dense_rewards
 
 
@@ -47,16 +46,20 @@ def main() -> None:
     run_iteration(module, 2, args.group_size, 9_000)  # warm-up: env pool, tries, kernels
     it = run_iteration(module, args.groups, args.group_size, 0)
     trajs = it["trajectories"]
-    print(f"iteration: {it['episodes']} episodes, {it['turns']} turns ({it['turns'] / it['episodes']:.1f} per episode), "
-          f"success {it['success']:.3f}; rollout {it['rollout_s']:.2f} s + update {it['update_s']:.2f} s "
-          f"(advantage {1000 * it['advantage_s']:.2f} ms included) = {it['wall_s']:.2f} s")
+    print(
+        f"iteration: {it['episodes']} episodes, {it['turns']} turns ({it['turns'] / it['episodes']:.1f} per episode), "
+        f"success {it['success']:.3f}; rollout {it['rollout_s']:.2f} s + update {it['update_s']:.2f} s "
+        f"(advantage {1000 * it['advantage_s']:.2f} ms included) = {it['wall_s']:.2f} s"
+    )
 
     assign_dense_rewards(EnvProgressReward(), trajs)
     t0 = time.perf_counter()
     flat = flatten(trajs)
     flatten_s = time.perf_counter() - t0
     values = torch.randn(len(flat.turns))
-    print(f"flatten (shared by every estimator, part of the iteration above): {1000 * flatten_s:.2f} ms for {len(flat.turns)} turns")
+    print(
+        f"flatten (shared by every estimator, part of the iteration above): {1000 * flatten_s:.2f} ms for {len(flat.turns)} turns"
+    )
     print("| estimator | median ms | min ms | fraction of the iteration |")
     print("|---|---|---|---|")
     fractions = {}
@@ -71,7 +74,9 @@ def main() -> None:
         fractions[name] = med / it["wall_s"]
         print(f"| {name} | {1000 * med:.2f} | {1000 * min(times):.2f} | {100 * fractions[name]:.4f} % |", flush=True)
     worst = max(fractions, key=fractions.get)
-    print(f"threads {torch.get_num_threads()}; worst: {worst} at {100 * fractions[worst]:.4f} % of the iteration (target < 1 %)")
+    print(
+        f"threads {torch.get_num_threads()}; worst: {worst} at {100 * fractions[worst]:.4f} % of the iteration (target < 1 %)"
+    )
     print(f"estimator_overhead_max: {fractions[worst]:.5f}")
 
 

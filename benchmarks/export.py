@@ -16,18 +16,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--data.iterations_per_epoch=1", "--data.groups_per_iteration=2", "--data.group_size=2", "--data.num_val_tasks=2",
-         "--trainer.num_sanity_val_steps=0", "--trainer.limit_val_batches=0", "--trainer.max_epochs=1",
-         "--trainer.enable_progress_bar=false", "--model.rollout.max_new_tokens=8", "--model.rollout.constrained_decoding=true",
-         "--data.env.kwargs.max_steps=3", "--model.algorithm.drop_zero_advantage=false"]
+SMALL = [
+    "--data.iterations_per_epoch=1",
+    "--data.groups_per_iteration=2",
+    "--data.group_size=2",
+    "--data.num_val_tasks=2",
+    "--trainer.num_sanity_val_steps=0",
+    "--trainer.limit_val_batches=0",
+    "--trainer.max_epochs=1",
+    "--trainer.enable_progress_bar=false",
+    "--model.rollout.max_new_tokens=8",
+    "--model.rollout.constrained_decoding=true",
+    "--data.env.kwargs.max_steps=3",
+    "--model.algorithm.drop_zero_advantage=false",
+]
 MODELS = {"tiny": [], "smollm2": ["--model.policy.source=smollm2", "--model.rollout.template=household"]}
 STRATEGIES = {"single": [], "fsdp2": ["--config", str(ROOT / "configs" / "trainer" / "fsdp2_cpu.yaml")]}
 
@@ -38,13 +46,29 @@ def make_checkpoint(work: Path, model: str, strategy: str) -> Path:
     ckpt = run / "quickstart" / "checkpoints" / "last.ckpt"
     if ckpt.exists():
         return ckpt
-    cmd = [sys.executable, "-m", "rspo_lightning.cli", "fit", "--config", str(ROOT / "configs" / "quickstart.yaml"),
-           *STRATEGIES[strategy], *SMALL, *MODELS[model], f"--trainer.default_root_dir={run}",
-           "--trainer.logger.init_args.name=quickstart"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rspo_lightning.cli",
+        "fit",
+        "--config",
+        str(ROOT / "configs" / "quickstart.yaml"),
+        *STRATEGIES[strategy],
+        *SMALL,
+        *MODELS[model],
+        f"--trainer.default_root_dir={run}",
+        "--trainer.logger.init_args.name=quickstart",
+    ]
     if strategy == "fsdp2":  # IterationCheckpoint writes the distributed folder under the strategy
         cmd.append("--trainer.enable_checkpointing=true")
-    subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        cmd,
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     if not ckpt.exists():
         raise RuntimeError(f"the fit wrote no {ckpt}")
     return ckpt
@@ -54,13 +78,21 @@ def export_once(ckpt: Path, out: Path) -> tuple[float, float]:
     """(seconds, peak RSS in MiB above the process's RSS once its libraries are imported) of one
     ``rspo-lightning export`` in a fresh process."""
     shutil.rmtree(out, ignore_errors=True)
-    code = ("import json, resource, sys, time; import transformers, lightning; from rspo_lightning.export import export; "
-            "import rspo_lightning.module; base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024; "
-            f"t = time.perf_counter(); export({str(ckpt)!r}, {str(out)!r}); "
-            "print(json.dumps({'s': time.perf_counter() - t, "
-            "'rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base}))")
-    res = subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True, text=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    code = (
+        "import json, resource, sys, time; import transformers, lightning; from rspo_lightning.export import export; "
+        "import rspo_lightning.module; base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024; "
+        f"t = time.perf_counter(); export({str(ckpt)!r}, {str(out)!r}); "
+        "print(json.dumps({'s': time.perf_counter() - t, "
+        "'rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base}))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
+    )
     row = json.loads(res.stdout.strip().splitlines()[-1])
     return row["s"], row["rss"]
 
@@ -94,15 +126,19 @@ def main() -> None:
         for c in cases:
             times[c].append(export_once(ckpts[c], work / f"out_{c[0]}_{c[1]}"))
     print(f"load average at the end: {os.getloadavg()[0]:.2f} (2 cores)")
-    print("| model | checkpoint | export s (median, range) | peak RSS above imports, MiB (median) | model fp32 MiB | ratio |")
+    print(
+        "| model | checkpoint | export s (median, range) | peak RSS above imports, MiB (median) | model fp32 MiB | ratio |"
+    )
     print("|---|---|---|---|---|---|")
     for c in cases:
         s = sorted(t for t, _ in times[c])
         r = sorted(m for _, m in times[c])
         size = model_mib(work / f"out_{c[0]}_{c[1]}")
         med_s, med_r = s[len(s) // 2], r[len(r) // 2]
-        print(f"| {c[0]} | {'file (1 process)' if c[1] == 'single' else 'FSDP2 folder (2 ranks)'} | {med_s:.1f} ({s[0]:.1f}–{s[-1]:.1f}) | "
-              f"{med_r:.0f} | {size:.1f} | {med_r / size:.1f}x |")
+        print(
+            f"| {c[0]} | {'file (1 process)' if c[1] == 'single' else 'FSDP2 folder (2 ranks)'} | {med_s:.1f} ({s[0]:.1f}–{s[-1]:.1f}) | "
+            f"{med_r:.0f} | {size:.1f} | {med_r / size:.1f}x |"
+        )
 
 
 if __name__ == "__main__":

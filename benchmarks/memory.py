@@ -23,8 +23,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PROBE = ("import resource, subprocess, sys; rc = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL, "
-         "stderr=subprocess.DEVNULL); print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+PROBE = (
+    "import resource, subprocess, sys; rc = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL, "
+    "stderr=subprocess.DEVNULL); print(rc, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+)
 
 
 def peak_rss_mb(cmd: list[str]) -> float:
@@ -40,25 +42,41 @@ def main() -> None:
     p.add_argument("--smollm2", action="store_true")
     p.add_argument("--groups", type=int, default=4, help="task groups per iteration")
     p.add_argument("--group-size", type=int, default=4)
-    p.add_argument("--max-steps", type=int, default=None, help="turn cap (default: 3 with --smollm2, the config's 10 otherwise)")
+    p.add_argument(
+        "--max-steps", type=int, default=None, help="turn cap (default: 3 with --smollm2, the config's 10 otherwise)"
+    )
     p.add_argument("--ppo-epochs", type=int, default=None, help="PPO epochs (default: the config's 2)")
     args = p.parse_args()
     out = tempfile.mkdtemp(prefix="rspo_mem_")
-    common = ["--trainer.max_epochs=1", "--data.iterations_per_epoch=3", "--trainer.num_sanity_val_steps=0",
-              "--trainer.limit_val_batches=0", "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
-              f"--trainer.logger.init_args.save_dir={out}", f"--data.groups_per_iteration={args.groups}",
-              f"--data.group_size={args.group_size}"]
+    common = [
+        "--trainer.max_epochs=1",
+        "--data.iterations_per_epoch=3",
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.limit_val_batches=0",
+        "--trainer.enable_checkpointing=false",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.logger.init_args.save_dir={out}",
+        f"--data.groups_per_iteration={args.groups}",
+        f"--data.group_size={args.group_size}",
+    ]
     if args.ppo_epochs is not None:
         common.append(f"--model.algorithm.ppo_epochs={args.ppo_epochs}")
     max_steps = args.max_steps or (3 if args.smollm2 else None)
     if args.smollm2:
-        common += ["--model.policy.source=smollm2", "--model.rollout.constrained_decoding=false",
-                   "--model.rollout.template=household", "--model.rollout.max_new_tokens=32",
-                   "--model.algorithm.minibatch_size=16", "--model.algorithm.micro_batch_size=4",
-                   f'--data.env.kwargs={{"task_types": ["pick_and_place"], "num_receptacles": 4, "max_steps": {max_steps}}}']
+        common += [
+            "--model.policy.source=smollm2",
+            "--model.rollout.constrained_decoding=false",
+            "--model.rollout.template=household",
+            "--model.rollout.max_new_tokens=32",
+            "--model.algorithm.minibatch_size=16",
+            "--model.algorithm.micro_batch_size=4",
+            f'--data.env.kwargs={{"task_types": ["pick_and_place"], "num_receptacles": 4, "max_steps": {max_steps}}}',
+        ]
     elif max_steps is not None:
-        common.append('--data.env.kwargs={"task_types": ["pick_and_place"], "num_receptacles": 4, "num_distractors": 1, '
-                      f'"num_object_types": 8, "max_steps": {max_steps}, "info_actions": false}}')
+        common.append(
+            '--data.env.kwargs={"task_types": ["pick_and_place"], "num_receptacles": 4, "num_distractors": 1, '
+            f'"num_object_types": 8, "max_steps": {max_steps}, "info_actions": false}}'
+        )
     lora = ['--model.policy.lora={"r": 16, "alpha": 32}']
     rspo = ["--trainer.callbacks.init_args.k=1"]
     variants = {
@@ -75,7 +93,9 @@ def main() -> None:
     full = peaks["rspo+grpo full"] / peaks["grpo full"]
     low = peaks["rspo+grpo lora"] / peaks["grpo lora"]
     print(json.dumps({k: round(v) for k, v in peaks.items()}))
-    print(f"model: {'SmolLM2-135M-Instruct' if args.smollm2 else 'tiny'}; RSPO/GRPO full {full:.3f} (target <= 2.2), LoRA {low:.3f} (target <= 1.15)")
+    print(
+        f"model: {'SmolLM2-135M-Instruct' if args.smollm2 else 'tiny'}; RSPO/GRPO full {full:.3f} (target <= 2.2), LoRA {low:.3f} (target <= 1.15)"
+    )
     print(f"memory_ratio_full: {full:.3f}")
     print(f"memory_ratio_lora: {low:.3f}")
 

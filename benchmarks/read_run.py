@@ -25,12 +25,20 @@ def main(run_dir: str) -> None:
             print(f"{tag}: " + ", ".join(f"{step}:{v:.3f}" for step, v in s))
             print(f"{tag.replace('/', '_')}_start: {s[0][1]:.3f}")
             print(f"{tag.replace('/', '_')}_end: {s[-1][1]:.3f}")
-    for tag in ["rollout/success_rate", "rollout/episode_len", "perf/rollout_s", "perf/update_s",
-                "perf/rollout_tokens_per_s", "perf/update_tokens_per_s"]:
+    for tag in [
+        "rollout/success_rate",
+        "rollout/episode_len",
+        "perf/rollout_s",
+        "perf/update_s",
+        "perf/rollout_tokens_per_s",
+        "perf/update_tokens_per_s",
+    ]:
         v = [x for _, x in series(tag)]
         if v:
             k = min(10, len(v))
-            print(f"{tag}: mean {sum(v) / len(v):.2f}, first {k} {sum(v[:k]) / k:.2f}, last {k} {sum(v[-k:]) / k:.2f} ({len(v)} iterations)")
+            print(
+                f"{tag}: mean {sum(v) / len(v):.2f}, first {k} {sum(v[:k]) / k:.2f}, last {k} {sum(v[-k:]) / k:.2f} ({len(v)} iterations)"
+            )
 
 
 if __name__ == "__main__":

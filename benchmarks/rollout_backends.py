@@ -27,24 +27,39 @@ from rspo_lightning.prompts import template_texts
 from rspo_lightning.rollout import RolloutConfig, RolloutEngine
 from rspo_lightning.types import TaskSpec
 
-QUICKSTART_ENV = {"task_types": ["pick_and_place"], "num_receptacles": 4, "num_distractors": 1, "num_object_types": 8,
-                  "max_steps": 10, "info_actions": False}
+QUICKSTART_ENV = {
+    "task_types": ["pick_and_place"],
+    "num_receptacles": 4,
+    "num_distractors": 1,
+    "num_object_types": 8,
+    "max_steps": 10,
+    "info_actions": False,
+}
 
 
 def build(args):
     env_kwargs = dict(QUICKSTART_ENV, max_steps=args.max_steps)
     if args.smollm2:
         model, tok = load_policy("smollm2")
-        common = dict(constrained_decoding=args.constrained, max_new_tokens=args.max_new_tokens or 48, template="household")
+        common = dict(
+            constrained_decoding=args.constrained, max_new_tokens=args.max_new_tokens or 48, template="household"
+        )
     else:
         env = make_env("rspo/Household-v0", **env_kwargs)
         corpus = env.unwrapped.sample_texts() + template_texts() + [""]
-        model, tok = load_policy("tiny", corpus=corpus,
-                                 tiny=TinyModelConfig(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256))
-        common = dict(constrained_decoding=True, max_new_tokens=args.max_new_tokens or 12, template="compact", system_prompt="")
+        model, tok = load_policy(
+            "tiny",
+            corpus=corpus,
+            tiny=TinyModelConfig(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256),
+        )
+        common = dict(
+            constrained_decoding=True, max_new_tokens=args.max_new_tokens or 12, template="compact", system_prompt=""
+        )
     model.eval()
-    engines = {"hf": RolloutEngine(model, tok, RolloutConfig(**common), env_kwargs),
-               "vllm": RolloutEngine(model, tok, RolloutConfig(backend="vllm", **common), env_kwargs)}
+    engines = {
+        "hf": RolloutEngine(model, tok, RolloutConfig(**common), env_kwargs),
+        "vllm": RolloutEngine(model, tok, RolloutConfig(backend="vllm", **common), env_kwargs),
+    }
     return engines
 
 
@@ -54,7 +69,12 @@ def collect(engine, tasks, group, seed):
     t0 = time.perf_counter()
     trajs = engine.collect(tasks, group)
     seconds = time.perf_counter() - t0
-    return seconds, engine.stats["generated_tokens"] - before, sum(len(t.turns) for t in trajs), sum(t.success for t in trajs)
+    return (
+        seconds,
+        engine.stats["generated_tokens"] - before,
+        sum(len(t.turns) for t in trajs),
+        sum(t.success for t in trajs),
+    )
 
 
 def main() -> None:
@@ -82,25 +102,39 @@ def main() -> None:
                 engines[name].mark_weights_changed()  # as after an update: the push is part of the collect
             rows[name].append(collect(engines[name], tasks, args.group, seed=rep))
             s, toks, turns, wins = rows[name][-1]
-            print(f"rep {rep} {name:4s}: {s:7.2f} s  {toks:6d} tokens  {toks / s:7.1f} tok/s  {turns} turns  {wins} won", flush=True)
+            print(
+                f"rep {rep} {name:4s}: {s:7.2f} s  {toks:6d} tokens  {toks / s:7.1f} tok/s  {turns} turns  {wins} won",
+                flush=True,
+            )
 
     def med(values):
         return statistics.median(values), min(values), max(values)
 
-    out = {"model": "smollm2" if args.smollm2 else "tiny", "episodes": args.tasks * args.group, "repeats": args.repeats,
-           "vllm_build_s": build_s, "vllm_push_s_mean": engines["vllm"].vllm.stats["push_s"] / max(engines["vllm"].vllm.stats["pushes"], 1)}
-    print(f"\n{out['model']}: {args.tasks} x {args.group} episodes, {args.repeats} repeats; vLLM build {build_s:.1f} s (once), "
-          f"push {out['vllm_push_s_mean']:.2f} s per collect")
+    out = {
+        "model": "smollm2" if args.smollm2 else "tiny",
+        "episodes": args.tasks * args.group,
+        "repeats": args.repeats,
+        "vllm_build_s": build_s,
+        "vllm_push_s_mean": engines["vllm"].vllm.stats["push_s"] / max(engines["vllm"].vllm.stats["pushes"], 1),
+    }
+    print(
+        f"\n{out['model']}: {args.tasks} x {args.group} episodes, {args.repeats} repeats; vLLM build {build_s:.1f} s (once), "
+        f"push {out['vllm_push_s_mean']:.2f} s per collect"
+    )
     print(f"{'backend':8s} {'s/collect':>22s} {'tokens':>8s} {'tok/s':>22s}")
     for name, rs in rows.items():
         sec, tps = med([r[0] for r in rs]), med([r[1] / r[0] for r in rs])
         out[name] = {"seconds": sec, "tokens_per_s": tps, "tokens": statistics.median(r[1] for r in rs)}
-        print(f"{name:8s} {sec[0]:8.2f} ({sec[1]:.2f}-{sec[2]:.2f}) {out[name]['tokens']:8.0f} {tps[0]:8.1f} ({tps[1]:.1f}-{tps[2]:.1f})")
+        print(
+            f"{name:8s} {sec[0]:8.2f} ({sec[1]:.2f}-{sec[2]:.2f}) {out[name]['tokens']:8.0f} {tps[0]:8.1f} ({tps[1]:.1f}-{tps[2]:.1f})"
+        )
     ratios = [v[1] / v[0] / (h[1] / h[0]) for h, v in zip(rows["hf"], rows["vllm"])]
     walls = [h[0] / v[0] for h, v in zip(rows["hf"], rows["vllm"])]
     out["tok_s_ratio"], out["wall_ratio"] = med(ratios), med(walls)
-    print(f"vllm / hf tokens/s: {out['tok_s_ratio'][0]:.2f}x ({out['tok_s_ratio'][1]:.2f}-{out['tok_s_ratio'][2]:.2f}); "
-          f"hf s / vllm s per collect: {out['wall_ratio'][0]:.2f}x ({out['wall_ratio'][1]:.2f}-{out['wall_ratio'][2]:.2f})")
+    print(
+        f"vllm / hf tokens/s: {out['tok_s_ratio'][0]:.2f}x ({out['tok_s_ratio'][1]:.2f}-{out['tok_s_ratio'][2]:.2f}); "
+        f"hf s / vllm s per collect: {out['wall_ratio'][0]:.2f}x ({out['wall_ratio'][1]:.2f}-{out['wall_ratio'][2]:.2f})"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -26,17 +26,23 @@ import time
 
 import torch
 
-from rspo_lightning.envs import make_env
-from rspo_lightning.policy import TinyModelConfig, load_policy
-from rspo_lightning.prompts import template_texts
 from rspo_lightning import rollout
+from rspo_lightning.envs import make_env
 from rspo_lightning.envs.pool import EnvPool
+from rspo_lightning.policy import TinyModelConfig, load_policy
 from rspo_lightning.process import freeze_startup_heap
+from rspo_lightning.prompts import template_texts
 from rspo_lightning.rollout import RolloutConfig, RolloutEngine, TrieConstraint
 from rspo_lightning.types import TaskSpec
 
-ENV = {"task_types": ["pick_and_place"], "num_receptacles": 4, "num_distractors": 1, "num_object_types": 8,
-       "max_steps": 10, "info_actions": False}
+ENV = {
+    "task_types": ["pick_and_place"],
+    "num_receptacles": 4,
+    "num_distractors": 1,
+    "num_object_types": 8,
+    "max_steps": 10,
+    "info_actions": False,
+}
 
 
 def build(smollm2: bool):
@@ -46,8 +52,11 @@ def build(smollm2: bool):
     else:
         env = make_env("rspo/Household-v0", **ENV)
         corpus = env.unwrapped.sample_texts() + template_texts() + [""]
-        model, tok = load_policy("tiny", corpus=corpus,
-                                 tiny=TinyModelConfig(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256))
+        model, tok = load_policy(
+            "tiny",
+            corpus=corpus,
+            tiny=TinyModelConfig(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256),
+        )
         cfg = RolloutConfig(constrained_decoding=True, max_new_tokens=12, template="compact", system_prompt="")
     model.eval()
     return model, tok, RolloutEngine(model, tok, cfg, ENV)
@@ -70,10 +79,16 @@ def time_parts(tokenizer) -> collections.Counter:
         setattr(owner, name, wrapper)
 
     for owner, name, key in [
-        (rollout, "build_turn_prompts", "prompts (render + tokenise)"), (rollout, "parse_response", "parse"),
-        (rollout, "left_pad", "left pad"), (EnvPool, "step", "env step"), (EnvPool, "reset", "env reset"),
-        (tokenizer, "decode", "decode"), (RolloutEngine, "_trie", "tries"), (TrieConstraint, "__init__", "trie table"),
-        (TrieConstraint, "__call__", "trie mask (in generate)"), (TrieConstraint, "allowed_ids", "allowed ids"),
+        (rollout, "build_turn_prompts", "prompts (render + tokenise)"),
+        (rollout, "parse_response", "parse"),
+        (rollout, "left_pad", "left pad"),
+        (EnvPool, "step", "env step"),
+        (EnvPool, "reset", "env reset"),
+        (tokenizer, "decode", "decode"),
+        (RolloutEngine, "_trie", "tries"),
+        (TrieConstraint, "__init__", "trie table"),
+        (TrieConstraint, "__call__", "trie mask (in generate)"),
+        (TrieConstraint, "allowed_ids", "allowed ids"),
     ]:
         timed(owner, name, key)
     return seconds
@@ -86,8 +101,11 @@ def main() -> None:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--breakdown", action="store_true",
-                   help="also time the engine's parts (prompts, env calls, trie, parsing, ...) per repeat; the timers cost a little")
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time the engine's parts (prompts, env calls, trie, parsing, ...) per repeat; the timers cost a little",
+    )
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -100,8 +118,17 @@ def main() -> None:
 
     @torch.no_grad()
     def raw_generate(ids: torch.Tensor, mask: torch.Tensor, steps: int) -> None:
-        original(input_ids=ids, attention_mask=mask, do_sample=True, temperature=engine.config.temperature, top_k=0,
-                 top_p=None, max_new_tokens=steps, min_new_tokens=steps, pad_token_id=engine.pad_id)
+        original(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=engine.config.temperature,
+            top_k=0,
+            top_p=None,
+            max_new_tokens=steps,
+            min_new_tokens=steps,
+            pad_token_id=engine.pad_id,
+        )
 
     def side_by_side_generate(input_ids=None, attention_mask=None, **kw):
         """The engine's own call, then raw generate on the same prompts for as many tokens (timed
@@ -130,21 +157,30 @@ def main() -> None:
         t0 = time.perf_counter()
         engine.collect(tasks, args.group_size)
         wall = time.perf_counter() - t0
-        return (wall - replay["seconds"], replay["seconds"], engine.stats["generated_tokens"] - tokens0, replay["calls"],
-                replay["engine_generate"])
+        return (
+            wall - replay["seconds"],
+            replay["seconds"],
+            engine.stats["generated_tokens"] - tokens0,
+            replay["calls"],
+            replay["engine_generate"],
+        )
 
     run(0)  # warm-up (tries, env pool, kernels)
     ratios = []
     for r in range(1, args.repeats + 1):
         e_s, raw_s, tokens, calls, gen_s = run(r)
         ratios.append(raw_s / e_s)
-        print(f"repeat {r}: {tokens} tokens in {calls} generate calls; engine {e_s:.2f} s = {tokens / e_s:.1f} tok/s, "
-              f"raw generate {raw_s:.2f} s = {tokens / raw_s:.1f} tok/s, ratio {raw_s / e_s:.3f} "
-              f"(engine: {gen_s:.2f} s inside generate, {e_s - gen_s:.2f} s outside)")
+        print(
+            f"repeat {r}: {tokens} tokens in {calls} generate calls; engine {e_s:.2f} s = {tokens / e_s:.1f} tok/s, "
+            f"raw generate {raw_s:.2f} s = {tokens / raw_s:.1f} tok/s, ratio {raw_s / e_s:.3f} "
+            f"(engine: {gen_s:.2f} s inside generate, {e_s - gen_s:.2f} s outside)"
+        )
         if parts is not None:
             print("  engine parts, ms: " + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in parts.most_common()))
-    print(f"model: {'SmolLM2-135M-Instruct' if args.smollm2 else 'tiny (2x128)'}, threads {torch.get_num_threads()}, "
-          f"{args.groups} groups x {args.group_size} episodes")
+    print(
+        f"model: {'SmolLM2-135M-Instruct' if args.smollm2 else 'tiny (2x128)'}, threads {torch.get_num_threads()}, "
+        f"{args.groups} groups x {args.group_size} episodes"
+    )
     print(f"rollout_ratio: {statistics.median(ratios):.3f}")
 
 

@@ -83,10 +83,22 @@ BENCH = Path(__file__).resolve().parent
 # The hard setting: 8 receptacles, 2 distractors, 15 steps. A uniformly random admissible policy
 # wins 1.3 % of 300 episodes (mean final progress 0.06); the tiny model's GRPO starts at ~3 %
 # training success with most groups all-fail.
-HARD = {"task_types": ["pick_and_place"], "num_receptacles": 8, "num_distractors": 2, "num_object_types": 8,
-        "max_steps": 15, "info_actions": False}
-QUICK = {"task_types": ["pick_and_place"], "num_receptacles": 4, "num_distractors": 1, "num_object_types": 8,
-         "max_steps": 10, "info_actions": False}
+HARD = {
+    "task_types": ["pick_and_place"],
+    "num_receptacles": 8,
+    "num_distractors": 2,
+    "num_object_types": 8,
+    "max_steps": 15,
+    "info_actions": False,
+}
+QUICK = {
+    "task_types": ["pick_and_place"],
+    "num_receptacles": 4,
+    "num_distractors": 1,
+    "num_object_types": 8,
+    "max_steps": 10,
+    "info_actions": False,
+}
 SETTINGS = {"hard": HARD, "quickstart": QUICK}
 PROGRESS = "rspo_lightning.rewards.EnvProgressReward"
 SHAPED_SCALE = 10  # the dense return (progress, at most 1 per episode) on the scale of the success reward (10)
@@ -126,14 +138,21 @@ def rspo(*overrides: str, k: int = 3, collect: bool = True, config: str = "confi
     return Run(config, overrides, loop=2 * k + collect)
 
 
-def noisy(sigma: float) -> tuple[str, ...]:  # B's dense reward plus N(0, sigma^2) per turn, noise seeded by the run's seed
-    return ("--model.dense_reward=rspo_lightning.rewards.NoisyReward", f"--model.dense_reward.init_args.sigma={sigma}",
-            "--model.dense_reward.init_args.seed={seed}")
+def noisy(
+    sigma: float,
+) -> tuple[str, ...]:  # B's dense reward plus N(0, sigma^2) per turn, noise seeded by the run's seed
+    return (
+        "--model.dense_reward=rspo_lightning.rewards.NoisyReward",
+        f"--model.dense_reward.init_args.sigma={sigma}",
+        "--model.dense_reward.init_args.seed={seed}",
+    )
 
 
 RUNS: dict[str, Run] = {
     "grpo": base(),
-    "grpo_shaped": base("--data.reward_mode=outcome+dense", f"--data.dense_scale={SHAPED_SCALE}", f"--model.dense_reward={PROGRESS}"),
+    "grpo_shaped": base(
+        "--data.reward_mode=outcome+dense", f"--data.dense_scale={SHAPED_SCALE}", f"--model.dense_reward={PROGRESS}"
+    ),
     "grpo_rspo": rspo(),
     # RSPO_H: no B, D = A's own previous groups; every iteration is A's, so it validates every 3 like a base run
     "grpo_rspo_h": Run("configs/compare/grpo_rspo.yaml", (cb("replay_from", "history"),)),
@@ -175,14 +194,21 @@ ABLATIONS = [name for name in RUNS if name not in MAIN]
 DIAGNOSTICS = {  # table column: logged tag (mean over the iterations that log it)
     "repeat A": "rspo/repeat_visits_A",
     "repeat B_j": "rollout_b*/repeat_visits",  # B's explore iterations j = 0..k-1 (a * pattern: every matching tag)
-    "A train success": "rollout/success_rate", "B train success": "rollout_b/success_rate",
-    "A progress": "rollout/progress", "B progress": "rollout_b/progress",
-    "collect success": "rollout_collect/success_rate", "collect progress": "rollout_collect/progress",
+    "A train success": "rollout/success_rate",
+    "B train success": "rollout_b/success_rate",
+    "A progress": "rollout/progress",
+    "B progress": "rollout_b/progress",
+    "collect success": "rollout_collect/success_rate",
+    "collect progress": "rollout_collect/progress",
     "collect repeat": "rollout_collect/repeat_visits",
-    "replay row share": "rspo/replay_frac", "replay token share": "rspo/replay_token_share",
-    "replay loss share": "rspo/replay_loss_share", "replay win share": "rspo/replay_win_share",
-    "replay |adv|": "rspo/replay_adv_abs", "replay zero frac": "rspo/replay_zero_frac",
-    "buffer success": "rspo/buffer_success_rate", "buffer wins": "rspo/buffer_wins",
+    "replay row share": "rspo/replay_frac",
+    "replay token share": "rspo/replay_token_share",
+    "replay loss share": "rspo/replay_loss_share",
+    "replay win share": "rspo/replay_win_share",
+    "replay |adv|": "rspo/replay_adv_abs",
+    "replay zero frac": "rspo/replay_zero_frac",
+    "buffer success": "rspo/buffer_success_rate",
+    "buffer wins": "rspo/buffer_wins",
     "buffer used frac": "rspo/buffer_used_frac",
 }
 
@@ -208,9 +234,14 @@ class Job:
 def make_job(setting: str, run: str, seed: int, budget: int, val_tasks: int = 128, extra: tuple[str, ...] = ()) -> Job:
     """The job of ``RUNS[run]`` in ``SETTINGS[setting]`` (``extra``: more CLI overrides, last)."""
     spec = RUNS[run]
-    overrides = (*(o.replace("{seed}", str(seed)) for o in spec.overrides),
-                 f"--data.env.kwargs={json.dumps(SETTINGS[setting])}", "--trainer.max_epochs=1000",
-                 f"--data.iterations_per_epoch={spec.iterations_per_epoch}", f"--data.num_val_tasks={val_tasks}", *extra)
+    overrides = (
+        *(o.replace("{seed}", str(seed)) for o in spec.overrides),
+        f"--data.env.kwargs={json.dumps(SETTINGS[setting])}",
+        "--trainer.max_epochs=1000",
+        f"--data.iterations_per_epoch={spec.iterations_per_epoch}",
+        f"--data.num_val_tasks={val_tasks}",
+        *extra,
+    )
     return Job(setting, run, seed, spec.config, overrides, budget)
 
 
@@ -226,15 +257,26 @@ def fit_command(job: Job, out_runs, resume: bool = False) -> list[str]:
     """The ``rspo-lightning fit`` command of ``job`` (``resume``: from its ``last.ckpt``)."""
     budget = {"class_path": "rspo_lightning.callbacks.EnvStepBudget", "init_args": {"max_env_steps": job.budget}}
     history = {"class_path": "_history.RunHistory", "init_args": {"path": str(run_dir(job, out_runs) / "history.json")}}
-    return [sys.executable, "-m", "rspo_lightning.cli", "fit", "--config", str(ROOT / job.config),
-            f"--seed_everything={job.seed}", f"--model.seed={job.seed}", f"--data.seed={job.seed}",
-            "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=true",
-            f"--trainer.logger.init_args.save_dir={Path(out_runs).resolve()}",
-            f"--trainer.logger.init_args.name={job.setting}/{job.run}/seed{job.seed}",
-            "--trainer.logger.init_args.version=tb",
-            *job.overrides,  # before the callbacks below: `--trainer.callbacks.<arg>` overrides target RSPOLoop
-            f"--trainer.callbacks+={json.dumps(budget)}", f"--trainer.callbacks+={json.dumps(history)}",
-            *(["--ckpt_path=last"] if resume else [])]
+    return [
+        sys.executable,
+        "-m",
+        "rspo_lightning.cli",
+        "fit",
+        "--config",
+        str(ROOT / job.config),
+        f"--seed_everything={job.seed}",
+        f"--model.seed={job.seed}",
+        f"--data.seed={job.seed}",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_checkpointing=true",
+        f"--trainer.logger.init_args.save_dir={Path(out_runs).resolve()}",
+        f"--trainer.logger.init_args.name={job.setting}/{job.run}/seed{job.seed}",
+        "--trainer.logger.init_args.version=tb",
+        *job.overrides,  # before the callbacks below: `--trainer.callbacks.<arg>` overrides target RSPOLoop
+        f"--trainer.callbacks+={json.dumps(budget)}",
+        f"--trainer.callbacks+={json.dumps(history)}",
+        *(["--ckpt_path=last"] if resume else []),
+    ]
 
 
 def _read_json(path: Path, default=None):
@@ -277,9 +319,16 @@ def _alive(pid: int) -> bool:
 
 def _commit() -> str:
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True,
-                               timeout=30).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
         return head + ("-dirty" if dirty else "") if head else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -300,14 +349,26 @@ def launch(job: Job, out_runs, threads: int = 1, resume: bool | None = None) -> 
     attempts = _read_json(rd / "attempts.json", [])
     log = rd / f"stdout.{len(attempts)}.log"
     _check_same_job(job, attempts, rd)
-    entry = {"attempt": len(attempts), "resumed": resume, "started": time.time(), "load_start": list(os.getloadavg()),
-             "log": log.name, "commit": _commit(), **_job_args(job)}
+    entry = {
+        "attempt": len(attempts),
+        "resumed": resume,
+        "started": time.time(),
+        "load_start": list(os.getloadavg()),
+        "log": log.name,
+        "commit": _commit(),
+        **_job_args(job),
+    }
     if resume:
         history = checkpoint_history(ckpt)
         entry["resumed_from_iteration"] = max((int(k) for k in (history or {}).get("train", {})), default=0)
     cmd = fit_command(job, out_runs, resume)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=os.pathsep.join([str(BENCH), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=os.pathsep.join([str(BENCH), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    )
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     _write_json(rd / "attempts.json", [*attempts, {**entry, "pid": proc.pid}])
@@ -323,8 +384,10 @@ def _check_same_job(job: Job, attempts: list[dict], rd: Path) -> None:
     """A run folder is resumed or reused only by the job that made it."""
     for a in attempts:
         if {k: a.get(k) for k in ("config", "overrides", "budget")} != _job_args(job):
-            raise RuntimeError(f"{job.key}: {rd} was made by attempt {a.get('attempt')} with other arguments "
-                               f"({ {k: a.get(k) for k in ('config', 'overrides', 'budget')} }); delete the folder or use another --out-runs")
+            raise RuntimeError(
+                f"{job.key}: {rd} was made by attempt {a.get('attempt')} with other arguments "
+                f"({ {k: a.get(k) for k in ('config', 'overrides', 'budget')} }); delete the folder or use another --out-runs"
+            )
 
 
 def _end_attempt(rd: Path, rc: int) -> None:
@@ -380,9 +443,11 @@ def run_one(job: Job, records, out_runs, threads: int = 1, keep_checkpoints: boo
     _write_json(rec_path, record)
     if not keep_checkpoints:
         shutil.rmtree(rd / "checkpoints", ignore_errors=True)
-    log(f"done {job.key}: {record['iterations']} iterations, {record['env_steps']} env steps, {record['wall_s']:.0f} s; "
+    log(
+        f"done {job.key}: {record['iterations']} iterations, {record['env_steps']} env steps, {record['wall_s']:.0f} s; "
         f"final valid_seen {_pts(record['finals']['env_steps']['valid_seen'])} (env steps axis), "
-        f"{_pts(record['finals']['a_updates']['valid_seen'])} (A updates axis)")
+        f"{_pts(record['finals']['a_updates']['valid_seen'])} (A updates axis)"
+    )
     return record
 
 
@@ -409,9 +474,15 @@ def curve_of(history: dict) -> list[dict]:
     points = []
     for step in sorted(int(k) for k in history["val"]):
         val = history["val"][str(step)]
-        points.append({"step": step, "env_steps": int(last("rollout/env_steps", step)),
-                       "a_updates": int(last("rspo/a_iterations", step)) if rspo_run else step,
-                       "valid_seen": _num(val.get("val/success_rate")), "valid_unseen": _num(val.get("val_unseen/success_rate"))})
+        points.append(
+            {
+                "step": step,
+                "env_steps": int(last("rollout/env_steps", step)),
+                "a_updates": int(last("rspo/a_iterations", step)) if rspo_run else step,
+                "valid_seen": _num(val.get("val/success_rate")),
+                "valid_unseen": _num(val.get("val_unseen/success_rate")),
+            }
+        )
     return points
 
 
@@ -426,17 +497,30 @@ def finals(curve: list[dict], a_updates: int, env_budget: int | None = None) -> 
     ``a_updates``: the mean of the last two points with at most ``a_updates`` agent-A updates
     (all points if the run has fewer). Each: valid_seen, valid_unseen, env_steps and a_updates
     (at the later point), and the steps averaged."""
+
     def mean_of(points: list[dict]) -> dict:
         if not points:
-            return {"valid_seen": float("nan"), "valid_unseen": float("nan"), "env_steps": 0, "a_updates": 0, "steps": []}
-        return {"valid_seen": sum(p["valid_seen"] for p in points) / len(points),
-                "valid_unseen": sum(p["valid_unseen"] for p in points) / len(points),
-                "env_steps": points[-1]["env_steps"], "a_updates": points[-1]["a_updates"], "steps": [p["step"] for p in points]}
+            return {
+                "valid_seen": float("nan"),
+                "valid_unseen": float("nan"),
+                "env_steps": 0,
+                "a_updates": 0,
+                "steps": [],
+            }
+        return {
+            "valid_seen": sum(p["valid_seen"] for p in points) / len(points),
+            "valid_unseen": sum(p["valid_unseen"] for p in points) / len(points),
+            "env_steps": points[-1]["env_steps"],
+            "a_updates": points[-1]["a_updates"],
+            "steps": [p["step"] for p in points],
+        }
 
     within = [p for p in curve if p["a_updates"] <= a_updates]
     spent = [p for p in curve if env_budget is None or p["env_steps"] <= env_budget * (1 + ENV_SLACK)]
-    return {"env_steps": {**mean_of(spent[-2:]), "env_budget": env_budget},
-            "a_updates": {**mean_of(within[-2:]), "a_updates_target": a_updates}}
+    return {
+        "env_steps": {**mean_of(spent[-2:]), "env_budget": env_budget},
+        "a_updates": {**mean_of(within[-2:]), "a_updates_target": a_updates},
+    }
 
 
 def diagnostics(history: dict) -> dict[str, float]:
@@ -444,13 +528,19 @@ def diagnostics(history: dict) -> dict[str, float]:
     a tag with ``*`` takes the values of every matching tag."""
     out = {}
     for tag in DIAGNOSTICS.values():
-        values = [x for v in history["train"].values() for t, x in v.items()
-                  if x is not None and (t == tag or ("*" in tag and fnmatch.fnmatchcase(t, tag)))]
+        values = [
+            x
+            for v in history["train"].values()
+            for t, x in v.items()
+            if x is not None and (t == tag or ("*" in tag and fnmatch.fnmatchcase(t, tag)))
+        ]
         out[tag] = sum(values) / len(values) if values else float("nan")
     return out
 
 
-def build_record(job: Job, history: dict, attempts: list[dict], rd: Path | None = None, a_updates: int | None = None) -> dict:
+def build_record(
+    job: Job, history: dict, attempts: list[dict], rd: Path | None = None, a_updates: int | None = None
+) -> dict:
     """A run's record from its history (``_history.RunHistory``) and its attempts."""
     curve = curve_of(history)
     train = {int(k): v for k, v in history["train"].items()}
@@ -463,17 +553,25 @@ def build_record(job: Job, history: dict, attempts: list[dict], rd: Path | None 
             walls.append(max((rd / a["log"]).stat().st_mtime - a["started"], 0.0))
     n = DEFAULT_A_UPDATES.get(job.setting, 9) if a_updates is None else a_updates
     return {
-        "setting": job.setting, "run": job.run, "seed": job.seed, "config": job.config, "overrides": list(job.overrides),
-        "budget": job.budget, "iterations": last, "env_steps": int(train.get(last, {}).get("rollout/env_steps", 0)),
+        "setting": job.setting,
+        "run": job.run,
+        "seed": job.seed,
+        "config": job.config,
+        "overrides": list(job.overrides),
+        "budget": job.budget,
+        "iterations": last,
+        "env_steps": int(train.get(last, {}).get("rollout/env_steps", 0)),
         "a_updates": curve[-1]["a_updates"] if curve else 0,
         "extra_iterations_after_stop": history.get("extra_iterations", 0),
-        "wall_s": sum(walls), "attempts": len(attempts),
+        "wall_s": sum(walls),
+        "attempts": len(attempts),
         "load_start": attempts[0].get("load_start") if attempts else None,
         "load_end": attempts[-1].get("load_end") if attempts else None,
         "commit": attempts[-1].get("commit") if attempts else None,
-        "curve": curve, "diagnostics": diagnostics(history), "finals": finals(curve, n, job.budget),
+        "curve": curve,
+        "diagnostics": diagnostics(history),
+        "finals": finals(curve, n, job.budget),
     }
-
 
 
 def load_records(records) -> list[dict]:
@@ -494,12 +592,23 @@ def summary_entries(records: list[dict], a_updates: dict[str, int] | None = None
     out = []
     for r in records:
         n = (a_updates or {}).get(r["setting"], r["finals"]["a_updates"]["a_updates_target"])
-        curve = [{**p, "valid_seen": _num(p["valid_seen"]), "valid_unseen": _num(p["valid_unseen"])} for p in r["curve"]]
+        curve = [
+            {**p, "valid_seen": _num(p["valid_seen"]), "valid_unseen": _num(p["valid_unseen"])} for p in r["curve"]
+        ]
         f = finals(curve, n, r.get("budget"))
         for axis in AXES:
-            out.append({"setting": r["setting"], "run": r["run"], "seed": r["seed"], "axis": axis,
-                        "env_steps": f[axis]["env_steps"], "a_updates": f[axis]["a_updates"],
-                        "valid_seen": f[axis]["valid_seen"], "valid_unseen": f[axis]["valid_unseen"]})
+            out.append(
+                {
+                    "setting": r["setting"],
+                    "run": r["run"],
+                    "seed": r["seed"],
+                    "axis": axis,
+                    "env_steps": f[axis]["env_steps"],
+                    "a_updates": f[axis]["a_updates"],
+                    "valid_seen": f[axis]["valid_seen"],
+                    "valid_unseen": f[axis]["valid_unseen"],
+                }
+            )
     return out
 
 
@@ -523,33 +632,50 @@ def _shown(path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def table(records: list[dict], entries: list[dict], a_updates: dict[str, int], records_dir="docs/data/rspo_study") -> list[str]:
+def table(
+    records: list[dict], entries: list[dict], a_updates: dict[str, int], records_dir="docs/data/rspo_study"
+) -> list[str]:
     """The markdown of ``<out>_table.md``."""
     groups = list(dict.fromkeys((r["setting"], r["run"]) for r in records))
     n_by = {s: a_updates.get(s) for s, _ in groups}
-    lines = [f"<!-- generated by benchmarks/rspo_study.py --summarise-only --records {_shown(records_dir)}; do not edit -->", "",
-             f"{len(records)} runs. Budgets (environment steps, B's counted): "
-             + ", ".join(f"{s} {b}" for s, b in dict.fromkeys((r["setting"], r["budget"]) for r in records)) + ". "
-             "Final, axis `env_steps`: mean of each run's last two validations within the budget x 1.05 (an RSPO run "
-             "goes on to the end of the loop that crosses the budget; those points do not count). Axis `a_updates`: "
-             "mean of the last two validations with at most N agent-A updates ("
-             + ", ".join(f"{s}: N = {n}" for s, n in n_by.items()) + "). Mean ± std over seeds; "
-             "Δ = paired difference vs grpo on the same seeds (mean ± std of the per-seed differences, n seeds). "
-             "env steps / A updates: mean at the final's later validation.", "",
-             "| setting | run | axis | seeds | env steps | A updates | valid_seen | valid_unseen | Δ valid_seen | Δ valid_unseen | n |",
-             "|" + "---|" * 11]
+    lines = [
+        f"<!-- generated by benchmarks/rspo_study.py --summarise-only --records {_shown(records_dir)}; do not edit -->",
+        "",
+        f"{len(records)} runs. Budgets (environment steps, B's counted): "
+        + ", ".join(f"{s} {b}" for s, b in dict.fromkeys((r["setting"], r["budget"]) for r in records))
+        + ". "
+        "Final, axis `env_steps`: mean of each run's last two validations within the budget x 1.05 (an RSPO run "
+        "goes on to the end of the loop that crosses the budget; those points do not count). Axis `a_updates`: "
+        "mean of the last two validations with at most N agent-A updates ("
+        + ", ".join(f"{s}: N = {n}" for s, n in n_by.items())
+        + "). Mean ± std over seeds; "
+        "Δ = paired difference vs grpo on the same seeds (mean ± std of the per-seed differences, n seeds). "
+        "env steps / A updates: mean at the final's later validation.",
+        "",
+        "| setting | run | axis | seeds | env steps | A updates | valid_seen | valid_unseen | Δ valid_seen | Δ valid_unseen | n |",
+        "|" + "---|" * 11,
+    ]
     for setting, run in groups:
         for axis in AXES:
             es = [e for e in entries if (e["setting"], e["run"], e["axis"]) == (setting, run, axis)]
-            d_seen, d_unseen = (paired(entries, setting, run, axis, m) if run != "grpo" else [] for m in ("valid_seen", "valid_unseen"))
-            lines.append(f"| {setting} | {run} | {axis} | {','.join(str(e['seed']) for e in es)} | "
-                         f"{mean_std([e['env_steps'] for e in es])[0]:.0f} | {mean_std([e['a_updates'] for e in es])[0]:.1f} | "
-                         f"{_ms([e['valid_seen'] for e in es])} | {_ms([e['valid_unseen'] for e in es])} | "
-                         f"{_ms(d_seen, True)} | {_ms(d_unseen, True)} | {len(d_seen) or '–'} |")
+            d_seen, d_unseen = (
+                paired(entries, setting, run, axis, m) if run != "grpo" else [] for m in ("valid_seen", "valid_unseen")
+            )
+            lines.append(
+                f"| {setting} | {run} | {axis} | {','.join(str(e['seed']) for e in es)} | "
+                f"{mean_std([e['env_steps'] for e in es])[0]:.0f} | {mean_std([e['a_updates'] for e in es])[0]:.1f} | "
+                f"{_ms([e['valid_seen'] for e in es])} | {_ms([e['valid_unseen'] for e in es])} | "
+                f"{_ms(d_seen, True)} | {_ms(d_unseen, True)} | {len(d_seen) or '–'} |"
+            )
     cols = list(DIAGNOSTICS)
-    lines += ["", "Diagnostics: mean over seeds of each run's mean over the iterations that log the tag "
-              "(" + ", ".join(f"{c} = `{t}`" for c, t in DIAGNOSTICS.items()) + "); – = not logged.", "",
-              "| setting | run | seeds | wall s | " + " | ".join(cols) + " |", "|" + "---|" * (4 + len(cols))]
+    lines += [
+        "",
+        "Diagnostics: mean over seeds of each run's mean over the iterations that log the tag "
+        "(" + ", ".join(f"{c} = `{t}`" for c, t in DIAGNOSTICS.items()) + "); – = not logged.",
+        "",
+        "| setting | run | seeds | wall s | " + " | ".join(cols) + " |",
+        "|" + "---|" * (4 + len(cols)),
+    ]
     for setting, run in groups:
         rs = [r for r in records if (r["setting"], r["run"]) == (setting, run)]
         diag = []
@@ -557,18 +683,26 @@ def table(records: list[dict], entries: list[dict], a_updates: dict[str, int], r
             xs = [_num(r["diagnostics"].get(tag)) for r in rs]
             xs = [x for x in xs if x == x]
             diag.append(f"{sum(xs) / len(xs):.3f}" if xs else "–")
-        lines.append(f"| {setting} | {run} | {len(rs)} | {mean_std([r['wall_s'] for r in rs])[0]:.0f} | " + " | ".join(diag) + " |")
+        lines.append(
+            f"| {setting} | {run} | {len(rs)} | {mean_std([r['wall_s'] for r in rs])[0]:.0f} | "
+            + " | ".join(diag)
+            + " |"
+        )
     return lines
 
 
-def summarise(records_dir, out: str, a_updates: dict[str, int] | None = None, plot: bool = True) -> tuple[list[dict], list[str]]:
+def summarise(
+    records_dir, out: str, a_updates: dict[str, int] | None = None, plot: bool = True
+) -> tuple[list[dict], list[str]]:
     """Build ``<out>.json``, ``<out>_table.md`` and ``<out>.png`` from the records under
     ``records_dir`` alone; returns the entries and the printed lines (the table plus the
     ``rspo_minus_grpo_hard_<axis>`` lines)."""
     records = load_records(records_dir)
     if not records:  # leave the previous outputs alone
         return [], [f"no records under {records_dir}: nothing summarised"]
-    n_by = {s: (a_updates or {}).get(s, DEFAULT_A_UPDATES.get(s, 9)) for s in dict.fromkeys(r["setting"] for r in records)}
+    n_by = {
+        s: (a_updates or {}).get(s, DEFAULT_A_UPDATES.get(s, 9)) for s in dict.fromkeys(r["setting"] for r in records)
+    }
     entries = summary_entries(records, n_by)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     _write_json(Path(out + ".json"), entries)
@@ -579,9 +713,14 @@ def summarise(records_dir, out: str, a_updates: dict[str, int] | None = None, pl
         for setting in ("hard", "quickstart"):
             rs = [r for r in records if r["setting"] == setting]
             counts = {run: sum(r["run"] == run for r in rs) for run in dict.fromkeys(r["run"] for r in rs)}
-            shown = [run for run, c in counts.items() if c == max(counts.values(), default=0)]  # the runs with the most seeds
+            shown = [
+                run for run, c in counts.items() if c == max(counts.values(), default=0)
+            ]  # the runs with the most seeds
             for axis, label in (("env_steps", "environment steps (B's included)"), ("a_updates", "agent-A updates")):
-                curves = {run: [[(p[axis], _num(p["valid_seen"])) for p in r["curve"]] for r in rs if r["run"] == run] for run in shown}
+                curves = {
+                    run: [[(p[axis], _num(p["valid_seen"])) for p in r["curve"]] for r in rs if r["run"] == run]
+                    for run in shown
+                }
                 panels.append((f"{setting}: valid_seen vs {label.split(' (')[0]}", label, curves))
         plot_curves(out + ".png", panels, ncols=2)
     summary = []
@@ -614,7 +753,9 @@ def parse_plan(entries: list[str]) -> list[tuple[str, str, int]]:
             setting, runs, seeds = entry.split(":")
             seed_list = parse_seeds(seeds)
         except ValueError:
-            raise SystemExit(f"--plan entry {entry!r}: expected SETTING:RUN[,RUN...]:SEEDS, e.g. hard:grpo,grpo_rspo:0-4") from None
+            raise SystemExit(
+                f"--plan entry {entry!r}: expected SETTING:RUN[,RUN...]:SEEDS, e.g. hard:grpo,grpo_rspo:0-4"
+            ) from None
         if setting not in SETTINGS:
             raise SystemExit(f"--plan entry {entry!r}: unknown setting {setting!r} (of {list(SETTINGS)})")
         for run in runs.split(","):
@@ -626,29 +767,47 @@ def parse_plan(entries: list[str]) -> list[tuple[str, str, int]]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--plan", nargs="+", metavar="SETTING:RUNS:SEEDS", help="what to run (replaces --runs/--quick-runs/--ablations)")
+    p.add_argument(
+        "--plan", nargs="+", metavar="SETTING:RUNS:SEEDS", help="what to run (replaces --runs/--quick-runs/--ablations)"
+    )
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4], help="seeds of --runs and --quick-runs")
     p.add_argument("--runs", nargs="*", default=MAIN, help=f"hard-setting runs, --seeds (of {list(RUNS)})")
     p.add_argument("--quick-runs", nargs="*", default=QUICK_MAIN, help="quickstart-setting runs, --seeds")
-    p.add_argument("--ablations", nargs="*", default=ABLATIONS, help="hard-setting runs, --ablation-seeds (default: every ablation)")
+    p.add_argument(
+        "--ablations",
+        nargs="*",
+        default=ABLATIONS,
+        help="hard-setting runs, --ablation-seeds (default: every ablation)",
+    )
     p.add_argument("--ablation-seeds", nargs="+", type=int, default=[0, 1])
     p.add_argument("--budget", type=int, default=40000, help="environment steps per run (hard setting)")
     p.add_argument("--quick-budget", type=int, default=15000, help="environment steps per run (quickstart setting)")
     p.add_argument("--a-updates", type=int, default=9, help="agent-A updates of the a_updates axis (hard setting)")
-    p.add_argument("--quick-a-updates", type=int, default=None, help="the same for the quickstart setting (default: --a-updates)")
+    p.add_argument(
+        "--quick-a-updates", type=int, default=None, help="the same for the quickstart setting (default: --a-updates)"
+    )
     p.add_argument("--val-tasks", type=int, default=128, help="validation tasks per split")
-    p.add_argument("--extra", action="append", default=[], metavar="=--KEY=VALUE",
-                   help="one more fit override for every run, e.g. --extra=--data.groups_per_iteration=2 (repeatable; smoke tests)")
+    p.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        metavar="=--KEY=VALUE",
+        help="one more fit override for every run, e.g. --extra=--data.groups_per_iteration=2 (repeatable; smoke tests)",
+    )
     p.add_argument("--jobs", type=int, default=2, help="runs at a time")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run (OMP/MKL_NUM_THREADS)")
     p.add_argument("--out-runs", default="runs/rspo_study", help="run folders: checkpoints, history, TensorBoard, logs")
     p.add_argument("--records", default="docs/data/rspo_study", help="one JSON record per run")
     p.add_argument("--out", default="docs/rspo_study", help="summary prefix: <out>.json, <out>_table.md, <out>.png")
-    p.add_argument("--keep-checkpoints", action="store_true", help="keep a run's checkpoints after its record is written")
+    p.add_argument(
+        "--keep-checkpoints", action="store_true", help="keep a run's checkpoints after its record is written"
+    )
     p.add_argument("--summarise-only", action="store_true", help="run nothing: summarise the records")
     p.add_argument("--dry-run", action="store_true", help="print each planned run's state and command; run nothing")
     args = p.parse_args(argv)
-    DEFAULT_A_UPDATES.update(hard=args.a_updates, quickstart=args.a_updates if args.quick_a_updates is None else args.quick_a_updates)
+    DEFAULT_A_UPDATES.update(
+        hard=args.a_updates, quickstart=args.a_updates if args.quick_a_updates is None else args.quick_a_updates
+    )
 
     if args.plan:
         plan = parse_plan(args.plan)
@@ -666,17 +825,35 @@ def main(argv: list[str] | None = None) -> None:
     if args.dry_run:
         for job in jobs:
             rd = run_dir(job, args.out_runs)
-            state = ("record exists" if record_path(job, args.records).exists() else
-                     "resume" if (rd / "checkpoints" / "last.ckpt").exists() else "start")
+            state = (
+                "record exists"
+                if record_path(job, args.records).exists()
+                else "resume"
+                if (rd / "checkpoints" / "last.ckpt").exists()
+                else "start"
+            )
             print(f"{job.key}: {state}\n  " + " ".join(fit_command(job, args.out_runs, state == "resume")))
         return
     if not args.summarise_only:
         t0 = time.time()
         todo = [j for j in jobs if not record_path(j, args.records).exists()]
-        print(f"{len(jobs)} runs planned, {len(jobs) - len(todo)} with a record already; running {len(todo)}, {args.jobs} at a time", flush=True)
+        print(
+            f"{len(jobs)} runs planned, {len(jobs) - len(todo)} with a record already; running {len(todo)}, {args.jobs} at a time",
+            flush=True,
+        )
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            futures = {pool.submit(run_one, j, args.records, args.out_runs, args.threads, args.keep_checkpoints,
-                                   lambda m: print(m, flush=True)): j for j in todo}
+            futures = {
+                pool.submit(
+                    run_one,
+                    j,
+                    args.records,
+                    args.out_runs,
+                    args.threads,
+                    args.keep_checkpoints,
+                    lambda m: print(m, flush=True),
+                ): j
+                for j in todo
+            }
             for fut in as_completed(futures):
                 if fut.exception() is not None:
                     failed.append(futures[fut].key)

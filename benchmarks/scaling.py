@@ -37,8 +37,14 @@ from rspo_lightning.rewards import EnvProgressReward
 from rspo_lightning.rollout import RolloutConfig
 from rspo_lightning.types import IterationBatch, TaskSpec
 
-ENV = {"task_types": ["pick_and_place"], "num_receptacles": 8, "num_distractors": 2, "num_object_types": 8,
-       "max_steps": 50, "info_actions": False}
+ENV = {
+    "task_types": ["pick_and_place"],
+    "num_receptacles": 8,
+    "num_distractors": 2,
+    "num_object_types": 8,
+    "max_steps": 50,
+    "info_actions": False,
+}
 TINY = TinyModelConfig(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256)
 
 
@@ -50,8 +56,13 @@ def build_module(env_kwargs: dict | None = None, estimator: str = "grpo", miniba
         env=EnvConfig(kwargs=dict(env_kwargs or ENV)),
         rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=12, template="compact", system_prompt=""),
         optim=OptimConfig(lr=1e-3),
-        algorithm=AlgorithmConfig(estimator=estimator, ppo_epochs=1, minibatch_size=minibatch_size,
-                                  recompute_old_logprobs=False, drop_zero_advantage=False),
+        algorithm=AlgorithmConfig(
+            estimator=estimator,
+            ppo_epochs=1,
+            minibatch_size=minibatch_size,
+            recompute_old_logprobs=False,
+            drop_zero_advantage=False,
+        ),
         dense_reward=EnvProgressReward() if estimator == "a2tgpo" else None,
     )
     module.configure_model()
@@ -62,7 +73,8 @@ def build_module(env_kwargs: dict | None = None, estimator: str = "grpo", miniba
     module.lr_schedulers = lambda: sched
     module.manual_backward = lambda loss: loss.backward()
     module.clip_gradients = lambda o, gradient_clip_val, gradient_clip_algorithm: torch.nn.utils.clip_grad_norm_(
-        [p for g in o.param_groups for p in g["params"]], gradient_clip_val)
+        [p for g in o.param_groups for p in g["params"]], gradient_clip_val
+    )
     module.logged = {}
 
     def log(name, value, *args, **kwargs):
@@ -113,7 +125,9 @@ def main() -> None:
     p.add_argument("--turns", type=int, nargs="+", default=[10, 20, 30, 50])
     p.add_argument("--turn-episodes", type=int, default=32, help="parallel episodes of the turn sweep")
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=2, help="iterations per point of the turn sweep (the fastest is kept)")
+    p.add_argument(
+        "--repeats", type=int, default=2, help="iterations per point of the turn sweep (the fastest is kept)"
+    )
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -134,11 +148,16 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for n in args.episodes:
         r = iteration(n, args.episode_turns)
-        print(f"| {n} | {r['turns']} | {r['success']:.2f} | {r['rollout_s']:.2f} | {r['update_s']:.2f} | {r['wall_s']:.2f} | "
-              f"{1000 * r['wall_s'] / r['turns']:.1f} |", flush=True)
+        print(
+            f"| {n} | {r['turns']} | {r['success']:.2f} | {r['rollout_s']:.2f} | {r['update_s']:.2f} | {r['wall_s']:.2f} | "
+            f"{1000 * r['wall_s'] / r['turns']:.1f} |",
+            flush=True,
+        )
 
     print(f"\nturn sweep ({args.turn_episodes} parallel episodes):")
-    print("| max_steps | turns per episode (mean) | success | rollout s | update s | iteration s | ms per turn sample |")
+    print(
+        "| max_steps | turns per episode (mean) | success | rollout s | update s | iteration s | ms per turn sample |"
+    )
     print("|---|---|---|---|---|---|---|")
     xs, ys, longest = [], [], None
     for t in args.turns:
@@ -149,8 +168,11 @@ def main() -> None:
         ys.append(r["wall_s"])
         if t == max(args.turns):
             longest = r["trajectories"]
-        print(f"| {t} | {per_episode:.1f} | {r['success']:.2f} | {r['rollout_s']:.2f} | {r['update_s']:.2f} | {r['wall_s']:.2f} | "
-              f"{1000 * r['wall_s'] / r['turns']:.1f} |", flush=True)
+        print(
+            f"| {t} | {per_episode:.1f} | {r['success']:.2f} | {r['rollout_s']:.2f} | {r['update_s']:.2f} | {r['wall_s']:.2f} | "
+            f"{1000 * r['wall_s'] / r['turns']:.1f} |",
+            flush=True,
+        )
 
     lengths: dict[int, list[int]] = {}
     for traj in longest:
@@ -159,17 +181,23 @@ def main() -> None:
     means = {i: statistics.fmean(v) for i, v in sorted(lengths.items())}
     window = module.rollout_cfg.history_window
     shown = [i for i in (0, 1, 2, 3, 5, 10, 20, 30, 40, 49) if i in means]
-    print(f"\nprompt tokens by turn index ({max(args.turns)}-turn run; history_window {window}): "
-          + ", ".join(f"t{i}: {means[i]:.1f}" for i in shown))
+    print(
+        f"\nprompt tokens by turn index ({max(args.turns)}-turn run; history_window {window}): "
+        + ", ".join(f"t{i}: {means[i]:.1f}" for i in shown)
+    )
     # Turn t shows turns t-window..t-1: from t = window + 1 on the long first observation (the
     # room description) has left the window and every prompt has the same shape.
     full = [i for i in means if i > window and len(lengths[i]) >= 4]
     _, slope_tok, _ = fit_line([float(i) for i in full], [means[i] for i in full])
-    print(f"prompt tokens for turns >= {window + 1}: min {min(means[i] for i in full):.1f}, max {max(means[i] for i in full):.1f}, "
-          f"fitted slope {slope_tok:+.3f} tokens per turn index")
+    print(
+        f"prompt tokens for turns >= {window + 1}: min {min(means[i] for i in full):.1f}, max {max(means[i] for i in full):.1f}, "
+        f"fitted slope {slope_tok:+.3f} tokens per turn index"
+    )
     a, b, r2 = fit_line(xs, ys)
-    print(f"iteration s = {a:.2f} + {b:.3f} x turns per episode ({args.turn_episodes} episodes); "
-          f"{b / args.turn_episodes * 1000:.1f} ms per turn sample; R² {r2:.4f}")
+    print(
+        f"iteration s = {a:.2f} + {b:.3f} x turns per episode ({args.turn_episodes} episodes); "
+        f"{b / args.turn_episodes * 1000:.1f} ms per turn sample; R² {r2:.4f}"
+    )
     print(f"threads {torch.get_num_threads()}; whole script {time.perf_counter() - start:.0f} s")
     print(f"scaling_prompt_slope_tokens_per_turn: {slope_tok:.3f}")
     print(f"scaling_seconds_per_turn: {b:.3f}")

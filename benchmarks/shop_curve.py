@@ -36,12 +36,17 @@ def window_mean(series: dict[int, float], end: int, width: int = 10) -> float | 
 def table(series: dict, prefix: str) -> list[str]:
     score, success = series[f"{prefix}/score"], series.get(f"{prefix}/success_rate", {})
     train_score, train_success = series.get("rollout/score", {}), series.get("rollout/success_rate", {})
-    rows = [f"| iteration | `{prefix}/score` | `{prefix}/success_rate` | training `rollout/score` (10 it. before) "
-            "| training `rollout/success_rate` (10 it. before) |", "|---|---|---|---|---|"]
+    rows = [
+        f"| iteration | `{prefix}/score` | `{prefix}/success_rate` | training `rollout/score` (10 it. before) "
+        "| training `rollout/success_rate` (10 it. before) |",
+        "|---|---|---|---|---|",
+    ]
     for step in sorted(score):
         ts, tw = window_mean(train_score, step), window_mean(train_success, step)
-        rows.append(f"| {step} | {score[step]:.3f} | {success.get(step, float('nan')):.3f} | "
-                    f"{'-' if ts is None else f'{ts:.3f}'} | {'-' if tw is None else f'{tw:.3f}'} |")
+        rows.append(
+            f"| {step} | {score[step]:.3f} | {success.get(step, float('nan')):.3f} | "
+            f"{'-' if ts is None else f'{ts:.3f}'} | {'-' if tw is None else f'{tw:.3f}'} |"
+        )
     return rows
 
 
@@ -52,15 +57,24 @@ def plot(series: dict, prefix: str, out: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for tag, label, style in ((f"{prefix}/score", "validation score (mean WebShop reward)", "o-"),
-                              (f"{prefix}/success_rate", "validation success (reward = 1)", "s-"),
-                              ("rollout/score", "training rollouts: score", "-"),
-                              ("rollout/success_rate", "training rollouts: success", "-")):
+    for tag, label, style in (
+        (f"{prefix}/score", "validation score (mean WebShop reward)", "o-"),
+        (f"{prefix}/success_rate", "validation success (reward = 1)", "s-"),
+        ("rollout/score", "training rollouts: score", "-"),
+        ("rollout/success_rate", "training rollouts: success", "-"),
+    ):
         points = sorted(series.get(tag, {}).items())
         if points:
             xs, ys = zip(*points)
-            ax.plot(xs, ys, style, ms=4, lw=2 if "o" in style or "s" in style else 0.8,
-                    alpha=1.0 if "o" in style or "s" in style else 0.5, label=label)
+            ax.plot(
+                xs,
+                ys,
+                style,
+                ms=4,
+                lw=2 if "o" in style or "s" in style else 0.8,
+                alpha=1.0 if "o" in style or "s" in style else 0.5,
+                label=label,
+            )
     ax.set_xlabel("RL iteration")
     ax.set_ylim(0, 1)
     ax.set_title(title, fontsize=10)

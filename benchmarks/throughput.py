@@ -33,24 +33,54 @@ def main() -> None:
 
     out = tempfile.mkdtemp(prefix="rspo_bench_")
     cli = [
-        "fit", "--config", args.config,
-        "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "0", "--trainer.num_sanity_val_steps", "0",
-        "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false",
-        "--trainer.logger.init_args.save_dir", out,
-        "--data.iterations_per_epoch", str(args.iterations),
+        "fit",
+        "--config",
+        args.config,
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.limit_val_batches",
+        "0",
+        "--trainer.num_sanity_val_steps",
+        "0",
+        "--trainer.enable_checkpointing",
+        "false",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.logger.init_args.save_dir",
+        out,
+        "--data.iterations_per_epoch",
+        str(args.iterations),
     ]
     if args.smollm2:
         cli += [
-            "--model.policy.source", "smollm2",
-            "--model.rollout.constrained_decoding", "false", "--model.rollout.template", "household",
-            "--model.rollout.max_new_tokens", "48", "--model.rollout.system_prompt", "You are a helpful assistant.",
-            "--model.optim.lr", "1e-6", "--model.algorithm.minibatch_size", "16", "--model.algorithm.micro_batch_size", "4",
-            "--data.groups_per_iteration", "2", "--data.group_size", "4",
-            "--data.env.kwargs", '{"task_types": ["pick_and_place"], "num_receptacles": 6, "max_steps": 3}',
+            "--model.policy.source",
+            "smollm2",
+            "--model.rollout.constrained_decoding",
+            "false",
+            "--model.rollout.template",
+            "household",
+            "--model.rollout.max_new_tokens",
+            "48",
+            "--model.rollout.system_prompt",
+            "You are a helpful assistant.",
+            "--model.optim.lr",
+            "1e-6",
+            "--model.algorithm.minibatch_size",
+            "16",
+            "--model.algorithm.micro_batch_size",
+            "4",
+            "--data.groups_per_iteration",
+            "2",
+            "--data.group_size",
+            "4",
+            "--data.env.kwargs",
+            '{"task_types": ["pick_and_place"], "num_receptacles": 6, "max_steps": 3}',
         ]
     cli += args.extra
     cli_main(cli)
-    (event_dir,) = {os.path.dirname(p) for p in glob.glob(os.path.join(out, "**", "events.out.tfevents*"), recursive=True)}
+    (event_dir,) = {
+        os.path.dirname(p) for p in glob.glob(os.path.join(out, "**", "events.out.tfevents*"), recursive=True)
+    }
     acc = EventAccumulator(event_dir, size_guidance={"scalars": 0})
     acc.Reload()
     name = "smollm2" if args.smollm2 else "tiny"

@@ -34,8 +34,14 @@ from rspo_lightning.policy import TinyModelConfig
 from rspo_lightning.rollout import RolloutConfig
 from rspo_lightning.types import TaskSpec
 
-ENV = {"task_types": ["pick_and_place"], "num_receptacles": 4, "num_distractors": 1, "num_object_types": 8,
-       "max_steps": 10, "info_actions": False}
+ENV = {
+    "task_types": ["pick_and_place"],
+    "num_receptacles": 4,
+    "num_distractors": 1,
+    "num_object_types": 8,
+    "max_steps": 10,
+    "info_actions": False,
+}
 
 
 def main() -> None:
@@ -56,11 +62,18 @@ def main() -> None:
     else:
         policy = PolicyConfig(tiny=TinyModelConfig(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256))
         rollout = RolloutConfig(constrained_decoding=True, max_new_tokens=12, template="compact", system_prompt="")
-    module = AgentRLModule(policy=policy, env=EnvConfig(kwargs=dict(ENV, max_steps=args.max_steps)), rollout=rollout, optim=OptimConfig(lr=1e-5),
-                           algorithm=AlgorithmConfig(ppo_epochs=1, minibatch_size=10**6, recompute_old_logprobs=False))
+    module = AgentRLModule(
+        policy=policy,
+        env=EnvConfig(kwargs=dict(ENV, max_steps=args.max_steps)),
+        rollout=rollout,
+        optim=OptimConfig(lr=1e-5),
+        algorithm=AlgorithmConfig(ppo_epochs=1, minibatch_size=10**6, recompute_old_logprobs=False),
+    )
     module.configure_model()
     torch.manual_seed(0)
-    trajs = module.engine.collect([TaskSpec("rspo/Household-v0", "train", g, g) for g in range(args.groups)], args.group_size)
+    trajs = module.engine.collect(
+        [TaskSpec("rspo/Household-v0", "train", g, g) for g in range(args.groups)], args.group_size
+    )
     flat = flatten(trajs)
     batch = make_train_batch(flat, module.engine.pad_id, torch.randn(len(flat.turns)))
     tokens = int(batch.attention_mask.sum())
@@ -79,8 +92,13 @@ def main() -> None:
         ids, attn = batch.input_ids, batch.attention_mask
         window = batch.response_mask.shape[1]
         opt.zero_grad()
-        out = model(input_ids=ids, attention_mask=attn, position_ids=positions_from_mask(attn), logits_to_keep=window + 1,
-                    use_cache=False)
+        out = model(
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=positions_from_mask(attn),
+            logits_to_keep=window + 1,
+            use_cache=False,
+        )
         lp = torch.log_softmax(out.logits[:, :-1].float(), dim=-1).gather(-1, ids[:, -window:, None]).squeeze(-1)
         mask = batch.response_mask
         loss = -(lp * batch.advantages[:, None])[mask].mean()
@@ -93,8 +111,10 @@ def main() -> None:
     for r in range(1, args.repeats + 1):
         o, w = ours(), raw()
         ratios.append(w / o)
-        print(f"repeat {r}: {len(batch)} rows, {tokens} tokens; ours {o:.3f} s = {tokens / o:.0f} tok/s, "
-              f"raw {w:.3f} s = {tokens / w:.0f} tok/s, ratio {w / o:.3f}")
+        print(
+            f"repeat {r}: {len(batch)} rows, {tokens} tokens; ours {o:.3f} s = {tokens / o:.0f} tok/s, "
+            f"raw {w:.3f} s = {tokens / w:.0f} tok/s, ratio {w / o:.3f}"
+        )
     print(f"model: {'SmolLM2-135M-Instruct' if args.smollm2 else 'tiny (2x128)'}, threads {torch.get_num_threads()}")
     print(f"update_ratio: {statistics.median(ratios):.3f}")
 

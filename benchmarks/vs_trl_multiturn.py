@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import sys
 import time
@@ -48,8 +47,14 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from vs_trl import GROUP_SIZE, peak_rss_mb, side  # noqa: E402  (same folder: the single-turn peer's helpers)
 
-ENV = {"task_types": ["pick_and_place"], "num_receptacles": 4, "num_distractors": 1, "num_object_types": 8,
-       "max_steps": 3, "info_actions": False}
+ENV = {
+    "task_types": ["pick_and_place"],
+    "num_receptacles": 4,
+    "num_distractors": 1,
+    "num_object_types": 8,
+    "max_steps": 3,
+    "info_actions": False,
+}
 ADMISSIBLE = "Admissible actions:"
 
 
@@ -73,13 +78,27 @@ def run_ours(args) -> dict:
 
     n_max = args.prompts * GROUP_SIZE * args.max_steps
     module = AgentRLModule(
-        policy=PolicyConfig(source="smollm2"), env=EnvConfig(kwargs=env_kwargs(args)),
-        rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=args.max_new_tokens, template="household",
-                              temperature=1.0),
+        policy=PolicyConfig(source="smollm2"),
+        env=EnvConfig(kwargs=env_kwargs(args)),
+        rollout=RolloutConfig(
+            constrained_decoding=True, max_new_tokens=args.max_new_tokens, template="household", temperature=1.0
+        ),
         optim=OptimConfig(lr=1e-6),
-        algorithm=AlgorithmConfig(estimator="grpo", ppo_epochs=1, minibatch_size=n_max, micro_batch_size=args.micro,
-                                  recompute_old_logprobs=False, drop_zero_advantage=False, kl_coef=0.0, entropy_coef=0.0,
-                                  max_grad_norm=1.0, clip_eps_low=0.2, clip_eps_high=0.2, loss_agg="token-mean"))
+        algorithm=AlgorithmConfig(
+            estimator="grpo",
+            ppo_epochs=1,
+            minibatch_size=n_max,
+            micro_batch_size=args.micro,
+            recompute_old_logprobs=False,
+            drop_zero_advantage=False,
+            kl_coef=0.0,
+            entropy_coef=0.0,
+            max_grad_norm=1.0,
+            clip_eps_low=0.2,
+            clip_eps_high=0.2,
+            loss_agg="token-mean",
+        ),
+    )
     ends, steps, tokens = [], [], []
 
     class Clock(pl.Callback):
@@ -88,12 +107,32 @@ def run_ours(args) -> dict:
             steps.append(sum(len(t.turns) for t in pl_module.last_trajectories))
             tokens.append(pl_module.engine.stats["generated_tokens"])
 
-    dm = AgentDataModule(env=EnvConfig(kwargs=env_kwargs(args)), groups_per_iteration=args.prompts, group_size=GROUP_SIZE,
-                         iterations_per_epoch=args.iterations + 1, val_splits=[], num_val_tasks=0, seed=0)
-    pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-               enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, callbacks=[Clock()]).fit(module, dm)
-    return {"intervals": [b - a for a, b in zip(ends, ends[1:])], "env_steps": steps[1:],
-            "generated_tokens": [b - a for a, b in zip(tokens, tokens[1:])]}
+    dm = AgentDataModule(
+        env=EnvConfig(kwargs=env_kwargs(args)),
+        groups_per_iteration=args.prompts,
+        group_size=GROUP_SIZE,
+        iterations_per_epoch=args.iterations + 1,
+        val_splits=[],
+        num_val_tasks=0,
+        seed=0,
+    )
+    pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        callbacks=[Clock()],
+    ).fit(module, dm)
+    return {
+        "intervals": [b - a for a, b in zip(ends, ends[1:])],
+        "env_steps": steps[1:],
+        "generated_tokens": [b - a for a, b in zip(tokens, tokens[1:])],
+    }
 
 
 # ----------------------------------------------------------------------------------------------- TRL
@@ -154,23 +193,57 @@ def run_trl(args) -> dict:
         actions = [] if listed.startswith("none") else [a.strip() for a in listed.split(" | ") if a.strip()]
         key = tuple(actions)
         if key not in tries:
-            calls = ['<tool_call>\n' + json.dumps({"name": "step", "arguments": {"action": a}}) + '\n</tool_call>' for a in actions]
-            tries[key] = ActionTrie([tok(c, add_special_tokens=False)["input_ids"] + [im_end] for c in calls] or [[im_end]])
+            calls = [
+                "<tool_call>\n" + json.dumps({"name": "step", "arguments": {"action": a}}) + "\n</tool_call>"
+                for a in actions
+            ]
+            tries[key] = ActionTrie(
+                [tok(c, add_special_tokens=False)["input_ids"] + [im_end] for c in calls] or [[im_end]]
+            )
         return tries[key]
 
-    instruction = ("Play the household task below by calling the step tool with one admissible action per call, "
-                   "until the task is done.")
-    rows = [{"prompt": [{"role": "user", "content": instruction}], "task_id": tid}
-            for iteration_ids in json.loads(args.task_ids) for tid in iteration_ids]
+    instruction = (
+        "Play the household task below by calling the step tool with one admissible action per call, "
+        "until the task is done."
+    )
+    rows = [
+        {"prompt": [{"role": "user", "content": instruction}], "task_id": tid}
+        for iteration_ids in json.loads(args.task_ids)
+        for tid in iteration_ids
+    ]
     n = args.prompts * GROUP_SIZE
     config = trl.GRPOConfig(
-        output_dir=args.out + "/trl", use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-        num_generations=GROUP_SIZE, per_device_train_batch_size=args.micro, gradient_accumulation_steps=n // args.micro,
-        max_completion_length=args.max_completion_length, max_tool_calling_iterations=args.max_steps,
-        temperature=1.0, top_p=1.0, top_k=0, beta=0.0, num_iterations=1, epsilon=0.2, loss_type="dapo",
-        scale_rewards="group", learning_rate=1e-6, lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0,
-        max_steps=args.iterations + 1, shuffle_dataset=False, logging_steps=1, report_to="none", save_strategy="no",
-        seed=0, dataloader_num_workers=0, disable_dropout=True)
+        output_dir=args.out + "/trl",
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        num_generations=GROUP_SIZE,
+        per_device_train_batch_size=args.micro,
+        gradient_accumulation_steps=n // args.micro,
+        max_completion_length=args.max_completion_length,
+        max_tool_calling_iterations=args.max_steps,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        num_iterations=1,
+        epsilon=0.2,
+        loss_type="dapo",
+        scale_rewards="group",
+        learning_rate=1e-6,
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        max_steps=args.iterations + 1,
+        shuffle_dataset=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        dataloader_num_workers=0,
+        disable_dropout=True,
+    )
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     ends, steps_at_end = [], []
 
@@ -179,27 +252,43 @@ def run_trl(args) -> dict:
             ends.append(time.perf_counter())
             steps_at_end.append(stats["env_steps"])
 
-    trainer = trl.GRPOTrainer(model=model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tok,
-                              environment_factory=Household, callbacks=[Clock()])
+    trainer = trl.GRPOTrainer(
+        model=model,
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tok,
+        environment_factory=Household,
+        callbacks=[Clock()],
+    )
     generate, gen_tokens = trainer.model.generate, []
 
     def constrained_generate(*a, **kw):
         ids = kw.get("input_ids", a[0] if a else None)
         mask = kw.get("attention_mask")
-        texts = [tok.decode(row[m.bool()] if mask is not None else row) for row, m in
-                 zip(ids, mask if mask is not None else ids)]
-        kw["logits_processor"] = LogitsProcessorList([TrieConstraint([trie_for(t) for t in texts], ids.shape[1], im_end)])
+        texts = [
+            tok.decode(row[m.bool()] if mask is not None else row)
+            for row, m in zip(ids, mask if mask is not None else ids)
+        ]
+        kw["logits_processor"] = LogitsProcessorList(
+            [TrieConstraint([trie_for(t) for t in texts], ids.shape[1], im_end)]
+        )
         out = generate(*a, **kw)
         seq = out.sequences if hasattr(out, "sequences") else out
-        gen_tokens.append(int(((seq[:, ids.shape[1]:] != tok.pad_token_id) & (seq[:, ids.shape[1]:] != im_end)).sum()))
+        gen_tokens.append(
+            int(((seq[:, ids.shape[1] :] != tok.pad_token_id) & (seq[:, ids.shape[1] :] != im_end)).sum())
+        )
         return out
 
     trainer.model.generate = constrained_generate
     trainer.train()
     per_iteration = [b - a for a, b in zip(steps_at_end, steps_at_end[1:])]
-    return {"intervals": [b - a for a, b in zip(ends, ends[1:])], "env_steps": per_iteration,
-            "generated_tokens_total": sum(gen_tokens), "generate_calls": len(gen_tokens),
-            "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__}}
+    return {
+        "intervals": [b - a for a, b in zip(ends, ends[1:])],
+        "env_steps": per_iteration,
+        "generated_tokens_total": sum(gen_tokens),
+        "generate_calls": len(gen_tokens),
+        "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
+    }
 
 
 # -------------------------------------------------------------------------------------------- parent
@@ -226,7 +315,9 @@ def main() -> None:
     p.add_argument("--side", choices=["ours", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--task-ids", help=argparse.SUPPRESS)
-    p.add_argument("--smollm2", action="store_true", help=argparse.SUPPRESS)  # vs_trl.side passes it; always SmolLM2 here
+    p.add_argument(
+        "--smollm2", action="store_true", help=argparse.SUPPRESS
+    )  # vs_trl.side passes it; always SmolLM2 here
     args = p.parse_args()
     if args.side:
         return child(args)
@@ -238,27 +329,47 @@ def main() -> None:
     args.out = args.out or tempfile.mkdtemp(prefix="rspo_vs_trl_mt_")
     os.makedirs(args.out, exist_ok=True)
     args.smollm2 = True
-    dm = AgentDataModule(env=EnvConfig(kwargs=env_kwargs(args)), groups_per_iteration=args.prompts, group_size=GROUP_SIZE,
-                         iterations_per_epoch=args.iterations + 1, val_splits=[], num_val_tasks=0, seed=0)
+    dm = AgentDataModule(
+        env=EnvConfig(kwargs=env_kwargs(args)),
+        groups_per_iteration=args.prompts,
+        group_size=GROUP_SIZE,
+        iterations_per_epoch=args.iterations + 1,
+        val_splits=[],
+        num_val_tasks=0,
+        seed=0,
+    )
     task_ids = [[t.task_id for t in dm.iteration_tasks(it)] for it in range(args.iterations + 1)]
-    extra = ["--max-steps", str(args.max_steps), "--max-new-tokens", str(args.max_new_tokens),
-             "--max-completion-length", str(args.max_completion_length)]
+    extra = [
+        "--max-steps",
+        str(args.max_steps),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--max-completion-length",
+        str(args.max_completion_length),
+    ]
     results = {}
     for name, python in (("trl", args.trl_python), ("ours", sys.executable)):
         results[name] = r = side(name, python, args, args.out, task_ids, script=__file__, extra=extra)
-        r["median_s"] = statistics.median(r["intervals"][-args.iterations:])
-        r["steps"] = statistics.fmean(r["env_steps"][-args.iterations:])
-        print(f"{name}: s/iteration {', '.join(f'{x:.1f}' for x in r['intervals'])} (median of the last {args.iterations}: "
-              f"{r['median_s']:.1f}); env steps/iteration {r['steps']:.0f} ({r['steps'] / r['median_s']:.2f} steps/s); "
-              f"peak RSS {r['peak_rss_mb']:.0f} MB; process wall {r['wall_s']:.0f} s", flush=True)
+        r["median_s"] = statistics.median(r["intervals"][-args.iterations :])
+        r["steps"] = statistics.fmean(r["env_steps"][-args.iterations :])
+        print(
+            f"{name}: s/iteration {', '.join(f'{x:.1f}' for x in r['intervals'])} (median of the last {args.iterations}: "
+            f"{r['median_s']:.1f}); env steps/iteration {r['steps']:.0f} ({r['steps'] / r['median_s']:.2f} steps/s); "
+            f"peak RSS {r['peak_rss_mb']:.0f} MB; process wall {r['wall_s']:.0f} s",
+            flush=True,
+        )
     trl_r, ours = results["trl"], results["ours"]
-    print(f"versions: {json.dumps(trl_r['versions'])}; TRL generate calls {trl_r['generate_calls']}, "
-          f"generated tokens {trl_r['generated_tokens_total']}; logs in {args.out}")
+    print(
+        f"versions: {json.dumps(trl_r['versions'])}; TRL generate calls {trl_r['generate_calls']}, "
+        f"generated tokens {trl_r['generated_tokens_total']}; logs in {args.out}"
+    )
     speed = trl_r["median_s"] / ours["median_s"]
     step_speed = (ours["steps"] / ours["median_s"]) / (trl_r["steps"] / trl_r["median_s"])
     mem = ours["peak_rss_mb"] / trl_r["peak_rss_mb"]
-    print(f"iterations/s ours/TRL {speed:.3f}, env steps/s ours/TRL {step_speed:.3f} (target >= 1.0); "
-          f"peak RSS ours/TRL {mem:.3f} (target <= 1.0)")
+    print(
+        f"iterations/s ours/TRL {speed:.3f}, env steps/s ours/TRL {step_speed:.3f} (target >= 1.0); "
+        f"peak RSS ours/TRL {mem:.3f} (target <= 1.0)"
+    )
     print(f"vs_trl_multiturn_memory_ratio: {mem:.3f}")
     print(f"vs_trl_multiturn_throughput_ratio: {speed:.3f}")
 

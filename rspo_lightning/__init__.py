@@ -4,13 +4,25 @@ import rspo_lightning.envs  # noqa: F401  (registers the rspo/* gymnasium ids)
 
 __version__ = "0.1.0"
 
-__all__ = ["AgentRLModule", "AgentDataModule", "SFTModule", "ProcessRewardModule", "TaskSpec", "Turn", "Trajectory", "TrainBatch", "IterationBatch"]
+__all__ = [
+    "AgentRLModule",
+    "AgentDataModule",
+    "SFTModule",
+    "ProcessRewardModule",
+    "TaskSpec",
+    "Turn",
+    "Trajectory",
+    "TrainBatch",
+    "IterationBatch",
+]
 
 
 _TYPES = {"IterationBatch", "TaskSpec", "TrainBatch", "Trajectory", "Turn"}
 
 
-def __getattr__(name):  # lazy: importing the package (e.g. in an env worker process) imports neither torch nor Lightning
+def __getattr__(
+    name,
+):  # lazy: importing the package (e.g. in an env worker process) imports neither torch nor Lightning
     if name in _TYPES:
         import rspo_lightning.types
 

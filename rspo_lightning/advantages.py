@@ -187,12 +187,8 @@ def _group_centre(values: Tensor, groups: Tensor, num_groups: int, norm: str) ->
         sq = _scatter_sum(dev**2, groups, num_groups)
         std = (sq / (count - 1).clamp(min=1)).sqrt()
         dev = dev / (std[groups] + STD_EPS)
-    vmax = torch.zeros(num_groups, dtype=values.dtype).scatter_reduce(
-        0, groups, values, "amax", include_self=False
-    )
-    vmin = torch.zeros(num_groups, dtype=values.dtype).scatter_reduce(
-        0, groups, values, "amin", include_self=False
-    )
+    vmax = torch.zeros(num_groups, dtype=values.dtype).scatter_reduce(0, groups, values, "amax", include_self=False)
+    vmin = torch.zeros(num_groups, dtype=values.dtype).scatter_reduce(0, groups, values, "amin", include_self=False)
     degenerate = (count < 2) | (vmax == vmin)
     return torch.where(degenerate[groups], torch.zeros_like(dev), dev)
 
@@ -230,8 +226,10 @@ def _step_penalty(step_penalty: Any, n: int, episode_stats: str) -> Tensor | Non
     if step_penalty is None:
         return None
     if episode_stats != "steps":
-        raise ValueError("step_penalty (verl-agent's invalid-action placement) needs episode_stats='steps': each step "
-                         "sample's own score is lowered, which trajectory statistics cannot express")
+        raise ValueError(
+            "step_penalty (verl-agent's invalid-action placement) needs episode_stats='steps': each step "
+            "sample's own score is lowered, which trajectory statistics cannot express"
+        )
     pen = _as_1d(step_penalty, "step_penalty").double()
     _check_length("step_penalty", pen, n)
     return pen
@@ -311,12 +309,8 @@ def rloo_advantages(
     if episode_stats == "trajectory":
         return AdvantageResult(lay.out(adv[lay.traj]))
     # one trajectory's samples share R, but (total - R) / (k - 1) may round off it by ~1e-17
-    vmax = torch.zeros(lay.num_groups, dtype=values.dtype).scatter_reduce(
-        0, groups, values, "amax", include_self=False
-    )
-    vmin = torch.zeros(lay.num_groups, dtype=values.dtype).scatter_reduce(
-        0, groups, values, "amin", include_self=False
-    )
+    vmax = torch.zeros(lay.num_groups, dtype=values.dtype).scatter_reduce(0, groups, values, "amax", include_self=False)
+    vmin = torch.zeros(lay.num_groups, dtype=values.dtype).scatter_reduce(0, groups, values, "amin", include_self=False)
     return AdvantageResult(lay.out(torch.where((vmax == vmin)[groups], torch.zeros_like(adv), adv)))
 
 
@@ -411,9 +405,7 @@ def turn_return_advantages(
     return AdvantageResult(lay.out(_group_centre(returns, lay.group, lay.num_groups, norm)))
 
 
-def success_rate_weights(
-    p: float, *, alpha: float = 4.0, target_range: float = 0.05
-) -> tuple[float, float]:
+def success_rate_weights(p: float, *, alpha: float = 4.0, target_range: float = 0.05) -> tuple[float, float]:
     """ProxMO's success-rate-aware episode weights ``(w_plus, w_minus)`` for success rate ``p``.
 
     w+ = 1 + beta (sigmoid((1-p)^alpha) - 1/2) multiplies successful trajectories' A^E and
@@ -555,13 +547,9 @@ def a2tgpo_advantages(
     if beta < 0:
         raise ValueError(f"beta must be >= 0, got {beta}")
     if turn_group_size is not None and (
-        not isinstance(turn_group_size, int)
-        or isinstance(turn_group_size, bool)
-        or turn_group_size < 1
+        not isinstance(turn_group_size, int) or isinstance(turn_group_size, bool) or turn_group_size < 1
     ):
-        raise ValueError(
-            f"turn_group_size must be a positive integer or None, got {turn_group_size!r}"
-        )
+        raise ValueError(f"turn_group_size must be a positive integer or None, got {turn_group_size!r}")
     lay = _layout(rewards, traj_index, group_index, turn_index)
     n = lay.rewards.shape[0]
     g = _as_1d(signals, "signals")
@@ -621,7 +609,9 @@ class Estimator:
         params = inspect.signature(self.fn).parameters
         for name in self.inputs:
             if name not in INPUTS or name not in params:
-                raise ValueError(f"{self.fn.__name__}: input {name!r} must be one of {list(INPUTS)} and a keyword of the function")
+                raise ValueError(
+                    f"{self.fn.__name__}: input {name!r} must be one of {list(INPUTS)} and a keyword of the function"
+                )
 
     @property
     def tunables(self) -> list[str]:
@@ -635,8 +625,9 @@ ESTIMATORS: dict[str, Estimator] = {
     "rloo": Estimator(rloo_advantages, (), group_relative=True, needs_critic=False, needs_dense=False),
     "gae": Estimator(gae_advantages, ("values",), group_relative=False, needs_critic=True, needs_dense=False),
     "gigpo": Estimator(gigpo_advantages, ("anchors",), group_relative=True, needs_critic=False, needs_dense=False),
-    "proxmo": Estimator(proxmo_advantages, ("anchors", "success"), group_relative=True, needs_critic=False,
-                        needs_dense=False),
+    "proxmo": Estimator(
+        proxmo_advantages, ("anchors", "success"), group_relative=True, needs_critic=False, needs_dense=False
+    ),
     "a2tgpo": Estimator(a2tgpo_advantages, ("signals",), group_relative=True, needs_critic=False, needs_dense=True),
 }
 #: Estimators whose baseline comes from the group's other episodes.
@@ -646,9 +637,7 @@ GROUP_RELATIVE = frozenset(name for name, est in ESTIMATORS.items() if est.group
 def get_estimator(name: str) -> Estimator:
     """The registry entry called ``name``; ValueError listing the valid names otherwise."""
     if name not in ESTIMATORS:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; valid estimators: {sorted(ESTIMATORS)}"
-        )
+        raise ValueError(f"unknown advantage estimator {name!r}; valid estimators: {sorted(ESTIMATORS)}")
     return ESTIMATORS[name]
 
 
@@ -670,9 +659,7 @@ def check_estimator_kwargs(name: str, kwargs: Mapping[str, Any]) -> None:
             )
         close = difflib.get_close_matches(str(key), accepted, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(
-            f"algorithm.estimator_kwargs: unknown key {key!r} for {name}{hint}; it accepts {accepted}"
-        )
+        raise ValueError(f"algorithm.estimator_kwargs: unknown key {key!r} for {name}{hint}; it accepts {accepted}")
 
 
 def compute_advantages(name: str, **kwargs: Any) -> AdvantageResult:
@@ -708,8 +695,13 @@ def _estimate(flat: FlatTurns, algo: AlgorithmConfig, values: Tensor | None) -> 
         else:
             rewards = rewards - penalty
     return est.fn(
-        rewards=rewards, traj_index=flat.traj_index, group_index=flat.group_index, turn_index=flat.turn_index,
-        **{k: supplied[k] for k in est.inputs}, **algo.estimator_kwargs, **extra,
+        rewards=rewards,
+        traj_index=flat.traj_index,
+        group_index=flat.group_index,
+        turn_index=flat.turn_index,
+        **{k: supplied[k] for k in est.inputs},
+        **algo.estimator_kwargs,
+        **extra,
     )
 
 
@@ -737,9 +729,12 @@ def turn_advantages(
     if not flat.turns:  # a rank with nothing of its own
         return AdvantageResult(torch.zeros(0)), torch.zeros(0)
     if credit == "turn":
-        rewards = flat.rewards - (algo.invalid_action_penalty * flat.invalid.to(flat.rewards.dtype) if algo.penalty_at == "reward" else 0)
-        result = turn_return_advantages(rewards, flat.traj_index, flat.group_index, flat.turn_index, gamma,
-                                        algo.estimator_kwargs.get("norm", "std"))
+        rewards = flat.rewards - (
+            algo.invalid_action_penalty * flat.invalid.to(flat.rewards.dtype) if algo.penalty_at == "reward" else 0
+        )
+        result = turn_return_advantages(
+            rewards, flat.traj_index, flat.group_index, flat.turn_index, gamma, algo.estimator_kwargs.get("norm", "std")
+        )
     else:
         result = _estimate(flat, algo, values)
     advantages = result.advantages

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
 
-from rspo_lightning.types import Trajectory, TrainBatch, Turn
+from rspo_lightning.types import TrainBatch, Trajectory, Turn
 
 
 @dataclass
@@ -96,9 +96,11 @@ def left_pad(rows: Sequence[Sequence[int] | torch.Tensor], pad_id: int) -> tuple
     if all(isinstance(r, torch.Tensor) for r in rows):
         input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
         for i, r in enumerate(rows):
-            input_ids[i, width - len(r):] = r
+            input_ids[i, width - len(r) :] = r
     else:  # id lists: one numpy conversion of the padded rows (5x faster than torch.tensor on lists)
-        input_ids = torch.from_numpy(np.array([[pad_id] * (width - len(r)) + list(r) for r in rows], dtype=np.int64).reshape(len(rows), width))
+        input_ids = torch.from_numpy(
+            np.array([[pad_id] * (width - len(r)) + list(r) for r in rows], dtype=np.int64).reshape(len(rows), width)
+        )
     attention = (torch.arange(width) >= width - lengths[:, None]).long()
     return input_ids, attention
 
@@ -128,11 +130,11 @@ def pad_turns(turns: Sequence[Turn], pad_id: int) -> dict[str, torch.Tensor]:
     allowed = torch.full((n, window, k), -1, dtype=torch.long) if constrained else None
     for i, t in enumerate(turns):
         r = len(t.response_ids)
-        response_mask[i, window - r:] = True
-        behaviour[i, window - r:] = t.behaviour_logprobs
+        response_mask[i, window - r :] = True
+        behaviour[i, window - r :] = t.behaviour_logprobs
         value_positions[i] = width - r - 1
         if allowed is not None and t.allowed_ids is not None:
-            allowed[i, window - r:, : t.allowed_ids.shape[1]] = t.allowed_ids
+            allowed[i, window - r :, : t.allowed_ids.shape[1]] = t.allowed_ids
     out = {
         "input_ids": input_ids,
         "attention_mask": attention,

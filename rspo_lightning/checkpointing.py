@@ -64,8 +64,10 @@ def _write_atomic(path: str, write, before_rename=None) -> None:
         except OSError:
             pass
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            raise CheckpointError(f"no space left on the device to write checkpoint {path}; the previous checkpoint "
-                                  f"there is untouched. Free space in {directory} and resume with --ckpt_path last") from exc
+            raise CheckpointError(
+                f"no space left on the device to write checkpoint {path}; the previous checkpoint "
+                f"there is untouched. Free space in {directory} and resume with --ckpt_path last"
+            ) from exc
         raise
     try:  # make the rename itself durable
         fd = os.open(directory, os.O_RDONLY)
@@ -79,9 +81,16 @@ def _write_atomic(path: str, write, before_rename=None) -> None:
 
 def other_checkpoints(path: str) -> str:
     directory = os.path.dirname(os.path.abspath(path))
-    found = sorted(p for p in glob.glob(os.path.join(glob.escape(directory), "*.ckpt")) if os.path.abspath(p) != os.path.abspath(path))
-    return (f"use another checkpoint of {directory}: {', '.join(os.path.basename(p) for p in found)}" if found
-            else f"there is no other checkpoint in {directory}; start without --ckpt_path")
+    found = sorted(
+        p
+        for p in glob.glob(os.path.join(glob.escape(directory), "*.ckpt"))
+        if os.path.abspath(p) != os.path.abspath(path)
+    )
+    return (
+        f"use another checkpoint of {directory}: {', '.join(os.path.basename(p) for p in found)}"
+        if found
+        else f"there is no other checkpoint in {directory}; start without --ckpt_path"
+    )
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -92,7 +101,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise TypeError(f"AtomicCheckpointIO takes no storage_options, got {storage_options!r}")
         path = str(path)
 
-        def drop_old_sum() -> None:  # once the new file is whole: a kill before its own sum leaves it unchecked, never mismatched
+        def drop_old_sum() -> (
+            None
+        ):  # once the new file is whole: a kill before its own sum leaves it unchecked, never mismatched
             if os.path.exists(path + ".sha256"):
                 os.remove(path + ".sha256")
 
@@ -100,9 +111,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         digest = file_sha256(path)
         _write_atomic(path + ".sha256", lambda f: f.write(f"{digest}  {os.path.basename(path)}\n".encode()))
 
-    def load_checkpoint(self, path, map_location: Any | None = lambda storage, loc: storage,
-                        weights_only: bool | None = None) -> dict[str, Any]:
-        return load_checkpoint_file(str(path), map_location=map_location, weights_only=True if weights_only is None else weights_only)
+    def load_checkpoint(
+        self, path, map_location: Any | None = lambda storage, loc: storage, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        return load_checkpoint_file(
+            str(path), map_location=map_location, weights_only=True if weights_only is None else weights_only
+        )
 
     def remove_checkpoint(self, path) -> None:
         super().remove_checkpoint(path)
@@ -110,32 +124,44 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.remove(str(path) + ".sha256")
 
 
-def load_checkpoint_file(path: str, map_location: Any = "cpu", weights_only: bool = True, mmap: bool = False) -> dict[str, Any]:
+def load_checkpoint_file(
+    path: str, map_location: Any = "cpu", weights_only: bool = True, mmap: bool = False
+) -> dict[str, Any]:
     """``torch.load`` of a checkpoint, after checking its size and SHA-256 sidecar; every failure is
     a ``CheckpointError`` naming the file, what is wrong and what to use instead. ``mmap``: tensors
     stay in the file until read (what ``export`` uses: the optimizer's states are never loaded)."""
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path} does not exist; {other_checkpoints(path)}")
     if os.path.getsize(path) == 0:
-        raise CheckpointError(f"checkpoint {path} is empty (0 bytes: a write that never finished); {other_checkpoints(path)}")
+        raise CheckpointError(
+            f"checkpoint {path} is empty (0 bytes: a write that never finished); {other_checkpoints(path)}"
+        )
     sidecar = path + ".sha256"
     if os.path.isfile(sidecar):
         with open(sidecar) as f:
             expected = f.read().split()[:1]
         if expected and file_sha256(path) != expected[0]:
-            raise CheckpointError(f"checkpoint {path} does not match its checksum {sidecar} (the file changed or is "
-                                  f"corrupted after it was written); {other_checkpoints(path)}")
+            raise CheckpointError(
+                f"checkpoint {path} does not match its checksum {sidecar} (the file changed or is "
+                f"corrupted after it was written); {other_checkpoints(path)}"
+            )
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; its directory is at the end
-        raise CheckpointError(f"checkpoint {path} cannot be read as a PyTorch checkpoint (it is no zip archive, which "
-                              f"torch.save writes: truncated, or another kind of file); {other_checkpoints(path)}")
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read as a PyTorch checkpoint (it is no zip archive, which "
+            f"torch.save writes: truncated, or another kind of file); {other_checkpoints(path)}"
+        )
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
     except Exception as exc:  # truncated zip, random bytes, text, a pickle of forbidden globals
         what = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise CheckpointError(f"checkpoint {path} cannot be read as a PyTorch checkpoint ({type(exc).__name__}: {what}); "
-                              f"it is truncated, corrupted or not a checkpoint; {other_checkpoints(path)}") from None
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read as a PyTorch checkpoint ({type(exc).__name__}: {what}); "
+            f"it is truncated, corrupted or not a checkpoint; {other_checkpoints(path)}"
+        ) from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise CheckpointError(f"checkpoint {path} holds no Lightning checkpoint (no 'state_dict'); {other_checkpoints(path)}")
+        raise CheckpointError(
+            f"checkpoint {path} holds no Lightning checkpoint (no 'state_dict'); {other_checkpoints(path)}"
+        )
     return checkpoint
 
 
@@ -153,12 +179,27 @@ class IterationCheckpoint(ModelCheckpoint):
         export_hf_every_epoch: also at every epoch end (the same directory, replaced whole).
     """
 
-    def __init__(self, dirpath: str | None = None, every_n_iterations: int = 1, save_top_k: int = 1, export_hf: bool = False,
-                 export_hf_every_epoch: bool = False):
+    def __init__(
+        self,
+        dirpath: str | None = None,
+        every_n_iterations: int = 1,
+        save_top_k: int = 1,
+        export_hf: bool = False,
+        export_hf_every_epoch: bool = False,
+    ):
         if every_n_iterations < 0:
-            raise ValueError(f"IterationCheckpoint.every_n_iterations must be >= 0 (0 = epoch ends only), got {every_n_iterations}")
-        super().__init__(dirpath=dirpath, filename="iteration={iteration}", save_last=True, save_top_k=save_top_k,
-                         every_n_epochs=1, save_on_train_epoch_end=True, auto_insert_metric_name=False)
+            raise ValueError(
+                f"IterationCheckpoint.every_n_iterations must be >= 0 (0 = epoch ends only), got {every_n_iterations}"
+            )
+        super().__init__(
+            dirpath=dirpath,
+            filename="iteration={iteration}",
+            save_last=True,
+            save_top_k=save_top_k,
+            every_n_epochs=1,
+            save_on_train_epoch_end=True,
+            auto_insert_metric_name=False,
+        )
         self.every_n_iterations = every_n_iterations
         self.export_hf, self.export_hf_every_epoch = export_hf, export_hf_every_epoch
 
@@ -197,7 +238,9 @@ class IterationCheckpoint(ModelCheckpoint):
         self._stable_dir(trainer)
         super().setup(trainer, pl_module, stage)
 
-    def format_checkpoint_name(self, metrics: dict, filename: str | None = None, ver: int | None = None, prefix: str | None = None) -> str:
+    def format_checkpoint_name(
+        self, metrics: dict, filename: str | None = None, ver: int | None = None, prefix: str | None = None
+    ) -> str:
         module = getattr(self, "_module", None)
         metrics = {**metrics, "iteration": int(getattr(module, "iteration", 0))}
         return super().format_checkpoint_name(metrics, filename, ver, prefix)
@@ -217,7 +260,12 @@ class IterationCheckpoint(ModelCheckpoint):
         self._module = pl_module
         n = int(getattr(pl_module, "iteration", 0))
         epoch_end = batch_idx + 1 >= trainer.num_training_batches  # saved by on_train_epoch_end, after validation
-        if self.every_n_iterations and n % self.every_n_iterations == 0 and not epoch_end and not self._should_skip_saving_checkpoint(trainer):
+        if (
+            self.every_n_iterations
+            and n % self.every_n_iterations == 0
+            and not epoch_end
+            and not self._should_skip_saving_checkpoint(trainer)
+        ):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:

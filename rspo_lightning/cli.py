@@ -25,12 +25,11 @@ import yaml
 from jsonargparse import Namespace
 from jsonargparse._common import debug_mode_active
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lightning.pytorch.callbacks import ProgressBar
-
 from rspo_lightning.callbacks import IterationProgressBar, TranscriptLogger
-from rspo_lightning.checkpointing import CheckpointError, IterationCheckpoint, other_checkpoints, load_checkpoint_file
+from rspo_lightning.checkpointing import CheckpointError, IterationCheckpoint, load_checkpoint_file, other_checkpoints
 
 DEFAULT_SAVE_DIR = "runs"  # the logger save_dir of every shipped config: replaced by --trainer.default_root_dir
 
@@ -62,8 +61,11 @@ class AgentArgumentParser(LightningArgumentParser):
                 if close:
                     hints.append(f"did you mean '{close[0]}' for '{key}'?")
         prog = parser.prog.replace(" [options]", "")
-        sys.stderr.write(f"error: {message}\n" + "".join(f"  {h}\n" for h in hints)
-                         + f"For the accepted options run: {prog} --help\n")
+        sys.stderr.write(
+            f"error: {message}\n"
+            + "".join(f"  {h}\n" for h in hints)
+            + f"For the accepted options run: {prog} --help\n"
+        )
         sys.exit(2)
 
 
@@ -84,14 +86,16 @@ class AgentCLI(LightningCLI):
         parser.add_lightning_class_args(IterationCheckpoint, "checkpoint")
         if not (self.subclass_mode_model or self.subclass_mode_data):  # one source of the env: set data.env
             parser.link_arguments("data.env", "model.env")
-        parser.set_defaults({
-            "trainer.logger": {
-                "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                "init_args": {"save_dir": DEFAULT_SAVE_DIR, "name": "rspo"},
-            },
-            "trainer.num_sanity_val_steps": -1,
-            "trainer.log_every_n_steps": 1,
-        })
+        parser.set_defaults(
+            {
+                "trainer.logger": {
+                    "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                    "init_args": {"save_dir": DEFAULT_SAVE_DIR, "name": "rspo"},
+                },
+                "trainer.num_sanity_val_steps": -1,
+                "trainer.log_every_n_steps": 1,
+            }
+        )
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config.get(str(self.subcommand), self.config)
@@ -104,8 +108,13 @@ class AgentCLI(LightningCLI):
                 init = one.get("init_args") if hasattr(one, "get") else None
                 if init is not None and root is not None and init.get("save_dir") == DEFAULT_SAVE_DIR:
                     init["save_dir"] = str(root)
-                if init is not None and str(one.get("class_path", "")).endswith("TensorBoardLogger") \
-                        and not _on_command_line("trainer.logger.init_args.default_hp_metric", getattr(self, "_cli_keys", [])):
+                if (
+                    init is not None
+                    and str(one.get("class_path", "")).endswith("TensorBoardLogger")
+                    and not _on_command_line(
+                        "trainer.logger.init_args.default_hp_metric", getattr(self, "_cli_keys", [])
+                    )
+                ):
                     init["default_hp_metric"] = False  # Lightning's placeholder hp_metric = -1 measures nothing
 
     # -- checkpoints: checked before anything reads them; their own configuration ----------
@@ -124,8 +133,10 @@ class AgentCLI(LightningCLI):
         path = self.config[sub].get("ckpt_path") if sub else None
         if not path or path in SYMBOLIC_CKPT or not os.path.isfile(path):
             if path == "best":
-                sys.exit("error: --ckpt_path best: IterationCheckpoint ranks no checkpoint by a metric; "
-                         "pass a file, or last (the newest)")
+                sys.exit(
+                    "error: --ckpt_path best: IterationCheckpoint ranks no checkpoint by a metric; "
+                    "pass a file, or last (the newest)"
+                )
             if path and path not in SYMBOLIC_CKPT and not os.path.exists(path):
                 _refuse(CheckpointError(f"checkpoint {path} does not exist; {other_checkpoints(path)}"))
             return
@@ -138,7 +149,9 @@ class AgentCLI(LightningCLI):
         try:
             self.config = self.parser.parse_object({sub: {"model": hparams}}, self.config)
         except SystemExit:
-            sys.stderr.write(f"error: the hyper-parameters of checkpoint {path} do not parse as this model's arguments\n")
+            sys.stderr.write(
+                f"error: the hyper-parameters of checkpoint {path} do not parse as this model's arguments\n"
+            )
             raise
         cfg, changed = self.config[sub], []
         for key, value in user.get("model").items(branches=False):
@@ -147,16 +160,30 @@ class AgentCLI(LightningCLI):
             elif cfg.get(f"model.{key}") != value:
                 changed.append(f"model.{key}={cfg.get(f'model.{key}')!r} (config: {value!r})")
         env = hparams.get("env")  # the env it was trained on, for the data module too (the parse re-linked data.env)
-        env = env.as_dict() if hasattr(env, "as_dict") else dataclasses.asdict(env) if dataclasses.is_dataclass(env) else env
+        env = (
+            env.as_dict()
+            if hasattr(env, "as_dict")
+            else dataclasses.asdict(env)
+            if dataclasses.is_dataclass(env)
+            else env
+        )
         given = cfg.get("data.env")
         given = given.as_dict() if hasattr(given, "as_dict") else given
-        if isinstance(env, dict) and isinstance(given, dict) and env != given and not _on_command_line("data.env", self._cli_keys):
+        if (
+            isinstance(env, dict)
+            and isinstance(given, dict)
+            and env != given
+            and not _on_command_line("data.env", self._cli_keys)
+        ):
             changed.append(f"data.env={json.dumps(env, sort_keys=True)} (config: {json.dumps(given, sort_keys=True)})")
             cfg["data.env"] = Namespace(env_id=env["env_id"], kwargs=env.get("kwargs") or {})
             cfg["model.env"] = cfg["data.env"].clone()
         if changed:
-            print(f"{sub}: the model and env of checkpoint {path}, where the command line sets nothing "
-                  f"({len(changed)} values differ from the config files):\n" + "\n".join(f"  {c}" for c in changed), flush=True)
+            print(
+                f"{sub}: the model and env of checkpoint {path}, where the command line sets nothing "
+                f"({len(changed)} values differ from the config files):\n" + "\n".join(f"  {c}" for c in changed),
+                flush=True,
+            )
 
     def _resolve_checkpoint(self, subcommand: str) -> None:
         """``--ckpt_path last|hpc`` -> the file, checked like a path; ``last`` with nothing to
@@ -174,17 +201,26 @@ class AgentCLI(LightningCLI):
             if found is None:
                 where = ckpt_cb.dirpath if path == "last" and ckpt_cb is not None else self.trainer.default_root_dir
                 if subcommand == "fit":
-                    print(f"--ckpt_path {path}: no checkpoint to resume in {where}; starting from the beginning", flush=True)
+                    print(
+                        f"--ckpt_path {path}: no checkpoint to resume in {where}; starting from the beginning",
+                        flush=True,
+                    )
                     kwargs["ckpt_path"] = None
                     return self._set_run_folders(subcommand, None, None)
                 sys.exit(f"error: --ckpt_path {path}: no checkpoint in {where} to {subcommand}; pass a checkpoint file")
             self._checkpoint, path = _checked(found), found
             kwargs["ckpt_path"] = found
         checkpoint = getattr(self, "_checkpoint", None) if path else None
-        same_run = ckpt_cb is not None and path is not None and os.path.isfile(path) \
+        same_run = (
+            ckpt_cb is not None
+            and path is not None
+            and os.path.isfile(path)
             and os.path.dirname(os.path.realpath(path)) == ckpt_cb.dirpath
+        )
         version = checkpoint.get("rspo_log_version") if checkpoint is not None and same_run else None
-        self._set_run_folders(subcommand, version, int(checkpoint.get("rspo_iteration", 0)) if checkpoint is not None else None)
+        self._set_run_folders(
+            subcommand, version, int(checkpoint.get("rspo_iteration", 0)) if checkpoint is not None else None
+        )
 
     def _set_run_folders(self, subcommand: str, version: str | None, iteration: int | None) -> None:
         logger = self.trainer.logger
@@ -223,7 +259,13 @@ class AgentCLI(LightningCLI):
         model, data = cfg.get("model"), cfg.get("data")
         m_init = model.get("init_args") if hasattr(model, "get") else None
         d_init = data.get("init_args") if hasattr(data, "get") else None
-        if m_init is not None and d_init is not None and "env" in m_init and m_init.get("env") is None and d_init.get("env") is not None:
+        if (
+            m_init is not None
+            and d_init is not None
+            and "env" in m_init
+            and m_init.get("env") is None
+            and d_init.get("env") is not None
+        ):
             m_init["env"] = d_init["env"]
 
     def _instantiate_trainer(self, config: dict, callbacks: list) -> Trainer:
@@ -273,7 +315,11 @@ def _find_symbolic(path: str, ckpt_cb, trainer) -> str | None:
     """The newest ``last*.ckpt`` of the checkpoint folder (``last``) or ``hpc_ckpt_<n>.ckpt`` of
     ``default_root_dir`` (``hpc``, as Lightning numbers them), or None."""
     if path == "last":
-        found = [p for p in glob.glob(os.path.join(glob.escape(ckpt_cb.dirpath), "last*.ckpt"))] if ckpt_cb is not None else []
+        found = (
+            [p for p in glob.glob(os.path.join(glob.escape(ckpt_cb.dirpath), "last*.ckpt"))]
+            if ckpt_cb is not None
+            else []
+        )
         return max(found, key=os.path.getmtime) if found else None
     found = glob.glob(os.path.join(glob.escape(trainer.default_root_dir), "hpc_ckpt_*.ckpt"))
     return max(found, key=lambda p: int(re.sub(r"\D", "", os.path.basename(p)) or 0)) if found else None
@@ -322,8 +368,12 @@ def main(args: list[str] | None = None) -> None:
 
         sys.exit(export_main(argv[1:]))
     # from the console script LightningCLI reads sys.argv itself (passing both makes it warn)
-    kwargs = dict(args=args, save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False,
-                  parser_class=AgentArgumentParser)
+    kwargs = dict(
+        args=args,
+        save_config_kwargs={"overwrite": True},
+        auto_configure_optimizers=False,
+        parser_class=AgentArgumentParser,
+    )
     if _names_a_class(argv):
         AgentCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, **kwargs)
     else:

@@ -28,7 +28,9 @@ def _as_dataclass(value: Any, cls: type, name: str) -> Any:
     if isinstance(value, cls):
         return value
     if not isinstance(value, Mapping):
-        raise TypeError(f"{name} must be a {cls.__name__} or a dict of its fields, got {type(value).__name__} {value!r}")
+        raise TypeError(
+            f"{name} must be a {cls.__name__} or a dict of its fields, got {type(value).__name__} {value!r}"
+        )
     accepted = [f.name for f in dataclasses.fields(cls) if f.init]
     for key in value:
         if key not in accepted:
@@ -210,11 +212,15 @@ class AlgorithmConfig:
     def __post_init__(self) -> None:
         self.swap = _as_dataclass(self.swap, SwapConfig, "algorithm.swap")
         if self.estimator not in KNOWN_ESTIMATORS:
-            raise ValueError(f"algorithm.estimator: unknown estimator {self.estimator!r}; choose one of {sorted(KNOWN_ESTIMATORS)}")
+            raise ValueError(
+                f"algorithm.estimator: unknown estimator {self.estimator!r}; choose one of {sorted(KNOWN_ESTIMATORS)}"
+            )
         check_estimator_kwargs(self.estimator, self.estimator_kwargs)
         if self.penalty_at not in PENALTY_PLACEMENTS:
-            raise ValueError(f"algorithm.penalty_at must be advantage (subtract invalid_action_penalty from the invalid "
-                             f"turn's advantage) or reward (from its reward, before the estimator), got {self.penalty_at!r}")
+            raise ValueError(
+                f"algorithm.penalty_at must be advantage (subtract invalid_action_penalty from the invalid "
+                f"turn's advantage) or reward (from its reward, before the estimator), got {self.penalty_at!r}"
+            )
         if self.ppo_epochs < 1:
             raise ValueError(f"algorithm.ppo_epochs must be >= 1, got {self.ppo_epochs}")
         if self.minibatch_size < 1:
@@ -232,13 +238,17 @@ class AlgorithmConfig:
         if self.kl_estimator not in ("k1", "k3", "low_var_kl"):
             raise ValueError(f"algorithm.kl_estimator must be k1, k3 or low_var_kl, got {self.kl_estimator!r}")
         if self.loss_agg not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
-            raise ValueError(f"algorithm.loss_agg must be token-mean, seq-mean-token-mean or seq-mean-token-sum, got {self.loss_agg!r}")
+            raise ValueError(
+                f"algorithm.loss_agg must be token-mean, seq-mean-token-mean or seq-mean-token-sum, got {self.loss_agg!r}"
+            )
         if self.clip_mode not in ("additive", "multiplicative"):
             raise ValueError(f"algorithm.clip_mode must be additive or multiplicative, got {self.clip_mode!r}")
         if self.clip_max_centre is not None and not self.clip_max_centre > 0:
             raise ValueError(f"algorithm.clip_max_centre must be > 0 or null (uncapped), got {self.clip_max_centre}")
         if self.replay_regularisers not in ("exclude", "importance"):
-            raise ValueError(f"algorithm.replay_regularisers must be exclude or importance, got {self.replay_regularisers!r}")
+            raise ValueError(
+                f"algorithm.replay_regularisers must be exclude or importance, got {self.replay_regularisers!r}"
+            )
         if self.clip_eps_low < 0 or self.clip_eps_high < 0:
             raise ValueError(f"algorithm.clip_eps_low/high must be >= 0, got {self.clip_eps_low}, {self.clip_eps_high}")
 
@@ -288,4 +298,6 @@ class OptimConfig:
 
 # Checkpoints hold these dataclasses as hyper-parameters: allow-listed so that checkpoints load
 # with torch.load(weights_only=True) (never a context manager: leaving one removes the entries).
-torch.serialization.add_safe_globals([EnvConfig, PolicyConfig, LoraSettings, AlgorithmConfig, SwapConfig, OptimConfig, TinyModelConfig])
+torch.serialization.add_safe_globals(
+    [EnvConfig, PolicyConfig, LoraSettings, AlgorithmConfig, SwapConfig, OptimConfig, TinyModelConfig]
+)

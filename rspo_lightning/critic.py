@@ -8,8 +8,8 @@ at the last prompt token of turn t.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import nn
@@ -61,7 +61,9 @@ class CriticConfig:
 torch.serialization.add_safe_globals([CriticConfig])  # a checkpoint hyper-parameter (weights_only loads)
 
 
-def last_token_hidden(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def last_token_hidden(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
     """Final-layer hidden state ``[n, H]`` at ``positions`` of left-padded rows."""
     pos = positions_from_mask(attention_mask)
     backbone = model.get_decoder() if hasattr(model, "get_decoder") else model

@@ -9,7 +9,8 @@ that ended sooner) leaves the others waiting for ever. docs/distributed.md has t
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist

@@ -19,11 +19,12 @@ from rspo_lightning.distributed import merge_over_ranks
 from rspo_lightning.process import seed_rollout
 from rspo_lightning.types import IterationBatch, Trajectory
 
-
 # Lightning turns sync_dist off on a single device and then warns that it is off wherever
 # torch.distributed is initialised (a single-process vLLM engine does): about the held-out means
 # logged below, already all-rank, there is nothing to act on.
-SINGLE_PROCESS_SYNC_WARNING = r"It is recommended to use `self\.log\('(?:(?:val|test)[\w/]*|step)', \.\.\., sync_dist=True\)`"
+SINGLE_PROCESS_SYNC_WARNING = (
+    r"It is recommended to use `self\.log\('(?:(?:val|test)[\w/]*|step)', \.\.\., sync_dist=True\)`"
+)
 warnings.filterwarnings("ignore", message=SINGLE_PROCESS_SYNC_WARNING, category=PossibleUserWarning)
 
 
@@ -43,8 +44,9 @@ class HeldOutEpisodes:
             # run's seed and the batch of tasks, not the iteration), so identical weights score
             # identically and two checkpoints differ by their weights, not by sampling noise
             seed_rollout(self.seed, 0, f"{prefix}/{tag}{batch_idx}", self.global_rank)
-            trajs = self.engine.collect(batch.tasks, batch.group_size, temperature=self.val_temperature, greedy=greedy,
-                                        iteration=self.iteration)  # one episode per task, several for predict_samples
+            trajs = self.engine.collect(
+                batch.tasks, batch.group_size, temperature=self.val_temperature, greedy=greedy, iteration=self.iteration
+            )  # one episode per task, several for predict_samples
             trajs = [t for t in trajs if t.env_error is None]  # an env fault is not the agent's failure
             metrics.add_held_out(self._val_sums, trajs, prefix, tag)
             if not tag:
@@ -60,7 +62,12 @@ class HeldOutEpisodes:
         if self.trainer.sanity_checking:
             # A full sanity check (num_sanity_val_steps: -1) runs before any update: record it as step 0.
             # (a resumed fit's sanity check measures restored weights already logged: not again)
-            if self.logger is not None and values and self.trainer.num_sanity_val_steps == float("inf") and self.iteration == 0:
+            if (
+                self.logger is not None
+                and values
+                and self.trainer.num_sanity_val_steps == float("inf")
+                and self.iteration == 0
+            ):
                 self.logger.log_metrics(values, step=0)
             self.initial_val_metrics = values
             return
@@ -72,7 +79,9 @@ class HeldOutEpisodes:
         if values:
             self.log("step", float(self.iteration), add_dataloader_idx=False, sync_dist=True)
         fn = str(getattr(self.trainer.state.fn, "value", self.trainer.state.fn))
-        if values and fn in ("validate", "test") and self.global_rank == 0:  # Lightning's own table: verbose=False (cli.py)
+        if (
+            values and fn in ("validate", "test") and self.global_rank == 0
+        ):  # Lightning's own table: verbose=False (cli.py)
             print(metrics.results_table(values, f"{fn}: agent A at iteration {self.iteration}"), flush=True)
 
     def test_step(self, batch: IterationBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -101,8 +110,11 @@ class HeldOutEpisodes:
         for split, trajs in by_split.items():
             path = self._prediction_path(split)
             n = save_trajectories(path, trajs, self.tokenizer)
-            print(f"predict {split}: {n} episodes, success rate {sum(t.success for t in trajs) / max(n, 1):.3f}, "
-                  f"score {sum(t.score for t in trajs) / max(n, 1):.3f}, written to {path}", flush=True)
+            print(
+                f"predict {split}: {n} episodes, success rate {sum(t.success for t in trajs) / max(n, 1):.3f}, "
+                f"score {sum(t.score for t in trajs) / max(n, 1):.3f}, written to {path}",
+                flush=True,
+            )
 
     def _prediction_path(self, split: str) -> str:
         """``predict_path`` (a file: ``<stem>-<split>.jsonl`` beside it when several splits are

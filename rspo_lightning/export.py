@@ -66,10 +66,14 @@ def _read_distributed(path: Path, into: dict[str, torch.Tensor] | None = None) -
         reader = FileSystemReader(str(path))
         metadata = reader.read_metadata()
     except Exception as exc:
-        raise CheckpointError(f"checkpoint folder {path} cannot be read ({type(exc).__name__}: {str(exc)[:200]}); "
-                              "it is truncated or corrupted") from None
+        raise CheckpointError(
+            f"checkpoint folder {path} cannot be read ({type(exc).__name__}: {str(exc)[:200]}); "
+            "it is truncated or corrupted"
+        ) from None
     # the model's entries: "state_dict.*" (ModelParallelStrategy, FSDP2) or "model.*" (FSDPStrategy, sharded)
-    root = next((r for r in ("state_dict", "model") if any(k.startswith(r + ".") for k in metadata.state_dict_metadata)), None)
+    root = next(
+        (r for r in ("state_dict", "model") if any(k.startswith(r + ".") for k in metadata.state_dict_metadata)), None
+    )
     wrappers = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")  # FSDP1 / activation-checkpoint wrapper names
     tensors = {}
     for key, md in metadata.state_dict_metadata.items():
@@ -80,7 +84,9 @@ def _read_distributed(path: Path, into: dict[str, torch.Tensor] | None = None) -
             elif _strip(name, wrappers) in into:
                 tensors[name] = into[_strip(name, wrappers)]
     if not tensors:
-        raise CheckpointError(f"checkpoint folder {path} holds no model tensors (no 'state_dict.*' or 'model.*' entries)")
+        raise CheckpointError(
+            f"checkpoint folder {path} holds no model tensors (no 'state_dict.*' or 'model.*' entries)"
+        )
     state = {root: tensors}
     load(state, storage_reader=reader, no_dist=True)
     checkpoint["state_dict"] = {_strip(k, wrappers): v for k, v in state[root].items()}
@@ -90,12 +96,16 @@ def _read_distributed(path: Path, into: dict[str, torch.Tensor] | None = None) -
 def _read_meta(path: Path) -> dict[str, Any]:
     """``meta.pt`` of a distributed checkpoint folder (hyper-parameters, callbacks, counters)."""
     if not (path / "meta.pt").is_file():
-        raise CheckpointError(f"checkpoint folder {path} has no meta.pt: not a Lightning distributed checkpoint "
-                              "(FSDP2 / FSDP1 sharded); pass the folder Lightning wrote, e.g. <run>/checkpoints/last.ckpt")
+        raise CheckpointError(
+            f"checkpoint folder {path} has no meta.pt: not a Lightning distributed checkpoint "
+            "(FSDP2 / FSDP1 sharded); pass the folder Lightning wrote, e.g. <run>/checkpoints/last.ckpt"
+        )
     try:
         return torch.load(path / "meta.pt", map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise CheckpointError(f"checkpoint folder {path}: meta.pt cannot be read ({type(exc).__name__}: {str(exc)[:200]})") from None
+        raise CheckpointError(
+            f"checkpoint folder {path}: meta.pt cannot be read ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
 
 
 def _strip(key: str, parts: tuple[str, ...]) -> str:
@@ -110,7 +120,9 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         return _read_distributed(p)
-    return load_checkpoint_file(str(p), map_location="cpu", weights_only=True, mmap=True)  # the optimizer's states stay on disk
+    return load_checkpoint_file(
+        str(p), map_location="cpu", weights_only=True, mmap=True
+    )  # the optimizer's states stay on disk
 
 
 def _build_module(checkpoint: dict, config: str | None):
@@ -125,12 +137,17 @@ def _build_module(checkpoint: dict, config: str | None):
 
     from rspo_lightning.module import AgentRLModule
 
-    accepted = set(inspect.signature(AgentRLModule.__init__).parameters) - {"self", "dense_reward"}  # no reward source needed
+    accepted = set(inspect.signature(AgentRLModule.__init__).parameters) - {
+        "self",
+        "dense_reward",
+    }  # no reward source needed
 
     def plain(value):
         return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
-    values = {k: plain(v) for k, v in (checkpoint.get("hyper_parameters") or {}).items() if k in accepted}  # e.g. not "_instantiator"
+    values = {
+        k: plain(v) for k, v in (checkpoint.get("hyper_parameters") or {}).items() if k in accepted
+    }  # e.g. not "_instantiator"
     if config is not None:
         with open(config) as f:
             raw = yaml.safe_load(f) or {}
@@ -139,8 +156,10 @@ def _build_module(checkpoint: dict, config: str | None):
         if env is not None and values.get("env") is None:
             values["env"] = env
     if "policy" not in values:
-        raise CheckpointError("the checkpoint has no model hyper-parameters (not written by AgentRLModule?); "
-                              "pass the run's config: rspo-lightning export --ckpt_path ... --config <run>/config.yaml")
+        raise CheckpointError(
+            "the checkpoint has no model hyper-parameters (not written by AgentRLModule?); "
+            "pass the run's config: rspo-lightning export --ckpt_path ... --config <run>/config.yaml"
+        )
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(AgentRLModule, "model", skip={"dense_reward"})
     return parser.instantiate_classes(parser.parse_object({"model": values}))["model"]
@@ -158,18 +177,28 @@ def agent_a_module(ckpt_path: str, config: str | None = None):
     module.configure_model()
     if path.is_dir():
         checkpoint = _read_distributed(path, into=module.state_dict())
-    from_snapshot = any(isinstance(s, dict) and s.get("snapshot") is not None for s in (checkpoint.get("callbacks") or {}).values())
+    from_snapshot = any(
+        isinstance(s, dict) and s.get("snapshot") is not None for s in (checkpoint.get("callbacks") or {}).values()
+    )
     rspo.agent_a_into_checkpoint(module, checkpoint)  # no trainer: A's snapshot replaces B's weights
     missing, unexpected = module.load_state_dict(checkpoint["state_dict"], strict=False)
     policy_missing = [k for k in missing if k.startswith("policy.")]
     if policy_missing or unexpected:
-        raise CheckpointError(f"the checkpoint's weights do not fit the model its hyper-parameters build: missing "
-                              f"{policy_missing[:5]}, unexpected {list(unexpected)[:5]}; pass the run's --config")
+        raise CheckpointError(
+            f"the checkpoint's weights do not fit the model its hyper-parameters build: missing "
+            f"{policy_missing[:5]}, unexpected {list(unexpected)[:5]}; pass the run's --config"
+        )
     return module, checkpoint, from_snapshot
 
 
-def export(ckpt_path: str, out: str, config: str | None = None, adapter_only: bool = False,
-           max_shard_size: str = "2GB", overwrite: bool = False) -> dict[str, Any]:
+def export(
+    ckpt_path: str,
+    out: str,
+    config: str | None = None,
+    adapter_only: bool = False,
+    max_shard_size: str = "2GB",
+    overwrite: bool = False,
+) -> dict[str, Any]:
     """Write agent A of ``ckpt_path`` as a Hugging Face directory ``out`` (module docstring);
     returns the metadata written to ``rspo_export.json``. The directory appears whole or not at
     all: it is written next to ``out`` and renamed."""
@@ -182,7 +211,9 @@ def export(ckpt_path: str, out: str, config: str | None = None, adapter_only: bo
     policy, tokenizer = module.policy, module.tokenizer
     lora = module.policy_cfg.lora is not None
     if adapter_only and not lora:
-        raise ValueError("export --adapter_only: this run has no LoRA adapter (model.policy.lora is unset); drop the flag")
+        raise ValueError(
+            "export --adapter_only: this run has no LoRA adapter (model.policy.lora is unset); drop the flag"
+        )
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -202,7 +233,9 @@ def export(ckpt_path: str, out: str, config: str | None = None, adapter_only: bo
         tokenizer.save_pretrained(str(tmp))
         if getattr(policy, "generation_config", None) is not None:
             policy.generation_config.save_pretrained(str(tmp))
-        rspo_state = [s for s in (checkpoint.get("callbacks") or {}).values() if isinstance(s, dict) and "snapshot" in s]
+        rspo_state = [
+            s for s in (checkpoint.get("callbacks") or {}).values() if isinstance(s, dict) and "snapshot" in s
+        ]
         meta = {
             "source_checkpoint": os.path.abspath(ckpt_path),
             "source_sha256": _sha256(Path(ckpt_path)),
@@ -228,20 +261,41 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="rspo-lightning export",
         description="Write agent A of a training checkpoint (any strategy's) as a Hugging Face directory: "
-                    "config.json, model.safetensors, tokenizer with chat template, generation_config.json, rspo_export.json.")
-    parser.add_argument("--ckpt_path", required=True, help="a checkpoint file, or a distributed checkpoint folder (FSDP2 / FSDP1 sharded)")
-    parser.add_argument("--out", required=True, help="the directory to write (refused if it exists, unless --overwrite)")
-    parser.add_argument("--config", default=None, help="the run's config (e.g. its saved config.yaml) where the checkpoint alone is not enough")
-    parser.add_argument("--adapter_only", action="store_true", help="write the LoRA adapter (peft format) instead of merged weights")
+        "config.json, model.safetensors, tokenizer with chat template, generation_config.json, rspo_export.json.",
+    )
+    parser.add_argument(
+        "--ckpt_path",
+        required=True,
+        help="a checkpoint file, or a distributed checkpoint folder (FSDP2 / FSDP1 sharded)",
+    )
+    parser.add_argument(
+        "--out", required=True, help="the directory to write (refused if it exists, unless --overwrite)"
+    )
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="the run's config (e.g. its saved config.yaml) where the checkpoint alone is not enough",
+    )
+    parser.add_argument(
+        "--adapter_only", action="store_true", help="write the LoRA adapter (peft format) instead of merged weights"
+    )
     parser.add_argument("--max_shard_size", default="2GB", help="largest safetensors shard (default 2GB)")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     args = parser.parse_args(argv)
     try:
-        meta = export(args.ckpt_path, args.out, config=args.config, adapter_only=args.adapter_only,
-                      max_shard_size=args.max_shard_size, overwrite=args.overwrite)
+        meta = export(
+            args.ckpt_path,
+            args.out,
+            config=args.config,
+            adapter_only=args.adapter_only,
+            max_shard_size=args.max_shard_size,
+            overwrite=args.overwrite,
+        )
     except (CheckpointError, FileExistsError, ValueError, FileNotFoundError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
-    print(f"export: agent A of {args.ckpt_path} (iteration {meta['iteration']}, {meta['estimator']}"
-          f"{', RSPO' if meta['rspo'] else ''}) written to {args.out}")
+    print(
+        f"export: agent A of {args.ckpt_path} (iteration {meta['iteration']}, {meta['estimator']}"
+        f"{', RSPO' if meta['rspo'] else ''}) written to {args.out}"
+    )
     return 0

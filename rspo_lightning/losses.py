@@ -62,9 +62,7 @@ def _per_row(x: Tensor | float, name: str, n: int, like: Tensor) -> Tensor | flo
         return x
     if x.dim() == 1:
         if x.shape[0] != n:
-            raise ValueError(
-                f"{name} must have one entry per row (N={n}), got shape {tuple(x.shape)}"
-            )
+            raise ValueError(f"{name} must have one entry per row (N={n}), got shape {tuple(x.shape)}")
         return x.unsqueeze(-1)
     if x.shape != like.shape:
         raise ValueError(f"{name} must be [N] or [N, L]={tuple(like.shape)}, got {tuple(x.shape)}")
@@ -140,9 +138,7 @@ def clipped_surrogate(
         ("response_mask", response_mask),
     ):
         if t.shape != shape:
-            raise ValueError(
-                f"{name} must match logprobs' shape {tuple(shape)}, got {tuple(t.shape)}"
-            )
+            raise ValueError(f"{name} must match logprobs' shape {tuple(shape)}, got {tuple(t.shape)}")
     n = shape[0]
     mask = response_mask.to(logprobs.dtype)
     on = mask != 0
@@ -200,9 +196,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tens
     return torch.expm1(diff) - diff
 
 
-def value_loss(
-    values: Tensor, old_values: Tensor, returns: Tensor, clip_range: float = 0.2
-) -> Tensor:
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip_range: float = 0.2) -> Tensor:
     """Clipped critic loss (PPO2): 0.5 max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2).
 
     All inputs ``[N]``; returns the mean over rows.
@@ -245,9 +239,7 @@ def response_token_logprobs(
         ``(logprobs [N, L], entropy [N, L])``, float32.
     """
     if temperature <= 0:
-        raise ValueError(
-            f"temperature must be > 0, got {temperature}; greedy decoding is scored at temperature 1."
-        )
+        raise ValueError(f"temperature must be > 0, got {temperature}; greedy decoding is scored at temperature 1.")
     if logits.shape[:-1] != targets.shape:
         raise ValueError(
             f"logits [N, L, V] and targets [N, L] disagree: {tuple(logits.shape)} vs {tuple(targets.shape)}."

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Iterator, NamedTuple, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
 from rspo_lightning.advantages import AdvantageResult
 from rspo_lightning.batching import FlatTurns
-from rspo_lightning.types import IterationBatch, Trajectory, TrainBatch
+from rspo_lightning.types import IterationBatch, TrainBatch, Trajectory
 
 
 class Iteration(NamedTuple):
@@ -135,12 +136,14 @@ def iteration_metrics(it: Iteration, ppo_epochs: int) -> dict[str, float]:
     if it.batch.replay:
         values.update(replay_metrics(it.raw, it.flat))
     trained = int(it.train.attention_mask.sum()) * ppo_epochs
-    values.update({
-        "train/advantage_abs": it.result.advantages.abs().mean().item() if len(it.result.advantages) else 0.0,
-        **{f"perf/{k}_s": v for k, v in it.seconds.items()},
-        "perf/rollout_tokens_per_s": it.tokens / max(it.seconds["rollout"], 1e-9),
-        "perf/update_tokens_per_s": trained / max(it.seconds["update"], 1e-9),
-    })
+    values.update(
+        {
+            "train/advantage_abs": it.result.advantages.abs().mean().item() if len(it.result.advantages) else 0.0,
+            **{f"perf/{k}_s": v for k, v in it.seconds.items()},
+            "perf/rollout_tokens_per_s": it.tokens / max(it.seconds["rollout"], 1e-9),
+            "perf/update_tokens_per_s": trained / max(it.seconds["update"], 1e-9),
+        }
+    )
     return values
 
 
@@ -157,7 +160,12 @@ class IterationLog:
         re-emit the last value of a key logged on an earlier step). Progress bar and
         ``callback_metrics`` are updated as usual."""
         trainer = self._trainer
-        if trainer is not None and trainer.training and not trainer.sanity_checking and kwargs.get("logger", True) is not False:
+        if (
+            trainer is not None
+            and trainer.training
+            and not trainer.sanity_checking
+            and kwargs.get("logger", True) is not False
+        ):
             if name != "step":
                 self._iteration_metrics[name] = float(value)
             kwargs["logger"] = False

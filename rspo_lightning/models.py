@@ -5,7 +5,8 @@ the optimizers."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -33,15 +34,25 @@ class Models(NamedTuple):
     engine: RolloutEngine
 
 
-def build_models(policy: PolicyConfig, algo: AlgorithmConfig, critic: CriticConfig, rollout: RolloutConfig,
-                 env: EnvConfig | None) -> Models:
+def build_models(
+    policy: PolicyConfig, algo: AlgorithmConfig, critic: CriticConfig, rollout: RolloutConfig, env: EnvConfig | None
+) -> Models:
     if env is None:
-        raise ValueError("AgentRLModule needs an env: in Python pass env=EnvConfig(...) (the CLI links model.env to data.env)")
+        raise ValueError(
+            "AgentRLModule needs an env: in Python pass env=EnvConfig(...) (the CLI links model.env to data.env)"
+        )
     corpus = None
     if policy.source == "tiny":  # a word-level vocabulary covering everything the env and the prompts can print
-        corpus = make_env(env.env_id, **env.kwargs).unwrapped.sample_texts() + template_texts() + [rollout.system_prompt]
-    model, tokenizer = load_policy(policy.source, gguf_file=policy.gguf_file, tiny=policy.tiny, corpus=corpus,
-                                   trust_remote_code=policy.trust_remote_code)
+        corpus = (
+            make_env(env.env_id, **env.kwargs).unwrapped.sample_texts() + template_texts() + [rollout.system_prompt]
+        )
+    model, tokenizer = load_policy(
+        policy.source,
+        gguf_file=policy.gguf_file,
+        tiny=policy.tiny,
+        corpus=corpus,
+        trust_remote_code=policy.trust_remote_code,
+    )
     if policy.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.config.use_cache = True
@@ -56,11 +67,18 @@ def build_models(policy: PolicyConfig, algo: AlgorithmConfig, critic: CriticConf
         value_head = ValueHead(hidden_size_of(model))
     elif needs_critic:
         separate = SeparateCritic(critic, model, tokenizer)
-    return Models(model, tokenizer, reference, value_head, separate, RolloutEngine(model, tokenizer, rollout, env.kwargs))
+    return Models(
+        model, tokenizer, reference, value_head, separate, RolloutEngine(model, tokenizer, rollout, env.kwargs)
+    )
 
 
-def build_optimizers(policy: nn.Module, value_head: nn.Module | None, critic: SeparateCritic | None, optim: OptimConfig,
-                     critic_cfg: CriticConfig):
+def build_optimizers(
+    policy: nn.Module,
+    value_head: nn.Module | None,
+    critic: SeparateCritic | None,
+    optim: OptimConfig,
+    critic_cfg: CriticConfig,
+):
     """``configure_optimizers``' answer: AdamW over the policy's trainable parameters (a shared
     value head as a second group at ``critic.lr``) with the per-iteration learning-rate schedule,
     and a separate critic's own AdamW."""
@@ -90,8 +108,10 @@ def shard_models(modules: list[nn.Module | None], mesh, lora: bool = False) -> N
     """FSDP2 (``ModelParallelStrategy``): ``fully_shard`` the policy, value head and critic over
     ``mesh`` (``distributed.shard_fsdp2``), in place."""
     if lora:
-        raise ValueError("policy.lora is not supported with ModelParallelStrategy (FSDP2): use trainer.strategy: ddp "
-                         "(the frozen base weights are then one copy per GPU) or configs/trainer/fsdp.yaml")
+        raise ValueError(
+            "policy.lora is not supported with ModelParallelStrategy (FSDP2): use trainer.strategy: ddp "
+            "(the frozen base weights are then one copy per GPU) or configs/trainer/fsdp.yaml"
+        )
     for module in modules:
         if module is not None:
             shard_fsdp2(module, mesh)

@@ -32,7 +32,7 @@ from rspo_lightning.process import freeze_startup_heap, seed_rollout, unfreeze_s
 from rspo_lightning.rewards import DenseReward, assign_dense_rewards
 from rspo_lightning.rollout import RolloutConfig
 from rspo_lightning.startup import DENSE_HINT, check_run
-from rspo_lightning.types import IterationBatch, Trajectory, TrainBatch
+from rspo_lightning.types import IterationBatch, TrainBatch, Trajectory
 
 
 class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
@@ -54,10 +54,20 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
             existing file); None = the run's folder, ``<run>/predictions/<split>-iteration<N>.jsonl``.
     """
 
-    def __init__(self, policy: PolicyConfig = PolicyConfig(), algorithm: AlgorithmConfig = AlgorithmConfig(),
-                 optim: OptimConfig = OptimConfig(), rollout: RolloutConfig = RolloutConfig(),
-                 critic: CriticConfig = CriticConfig(), env: EnvConfig | None = None, dense_reward: DenseReward | None = None,
-                 val_temperature: float = 0.4, val_greedy: bool = False, seed: int = 0, predict_path: str | None = None):
+    def __init__(
+        self,
+        policy: PolicyConfig = PolicyConfig(),
+        algorithm: AlgorithmConfig = AlgorithmConfig(),
+        optim: OptimConfig = OptimConfig(),
+        rollout: RolloutConfig = RolloutConfig(),
+        critic: CriticConfig = CriticConfig(),
+        env: EnvConfig | None = None,
+        dense_reward: DenseReward | None = None,
+        val_temperature: float = 0.4,
+        val_greedy: bool = False,
+        seed: int = 0,
+        predict_path: str | None = None,
+    ):
         super().__init__()
         # The dense source is an object (possibly a model): kept out of the checkpoint's
         # hyper-parameters, which hold only the config dataclasses allow-listed for weights_only loads.
@@ -67,7 +77,12 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         self.estimator = adv.ESTIMATORS[algorithm.estimator]
         if self.estimator.needs_dense and dense_reward is None:
             raise ValueError(f"algorithm.estimator: {algorithm.estimator} needs a per-turn signal: {DENSE_HINT}")
-        self.val_temperature, self.val_greedy, self.seed, self.predict_path = val_temperature, val_greedy, seed, predict_path
+        self.val_temperature, self.val_greedy, self.seed, self.predict_path = (
+            val_temperature,
+            val_greedy,
+            seed,
+            predict_path,
+        )
         self.automatic_optimization = False
         self.policy = self.tokenizer = self.engine = None
         self.value_head = None  # shared critic: value head on the policy backbone
@@ -89,13 +104,20 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         if self.policy is None:
             self._build_models()
         if self.device_mesh is not None and not self._fsdp2_applied:  # ModelParallelStrategy: FSDP2
-            shard_models([self.policy, self.value_head, self.critic], self.device_mesh, lora=self.policy_cfg.lora is not None)
+            shard_models(
+                [self.policy, self.value_head, self.critic], self.device_mesh, lora=self.policy_cfg.lora is not None
+            )
             self._fsdp2_applied = True
 
     def _build_models(self) -> None:
         built = build_models(self.policy_cfg, self.algo, self.critic_cfg, self.rollout_cfg, self.env_cfg)
         self.policy, self.tokenizer, self.value_head, self.critic, self.engine = (
-            built.policy, built.tokenizer, built.value_head, built.critic, built.engine)
+            built.policy,
+            built.tokenizer,
+            built.value_head,
+            built.critic,
+            built.engine,
+        )
         # the frozen reference in __dict__, not registered as a submodule: no optimizer, checkpoint,
         # DDP or FSDP wrapping sees it (an unsharded frozen copy on each rank)
         self.__dict__["_ref"] = built.reference
@@ -150,7 +172,9 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         self._temperature = batch.temperature  # RSPO's explorer may sample (and so score) at its own
         with watch("rollout"):
             dense = batch.reward_mode != "outcome" or self.estimator.needs_dense
-            own = {"temperature": batch.temperature} if batch.temperature is not None else {}  # an override's collect may lack it
+            own = (
+                {"temperature": batch.temperature} if batch.temperature is not None else {}
+            )  # an override's collect may lack it
             self.last_trajectories = self.collect(batch.tasks, batch.group_size, batch.policy_tag, dense=dense, **own)
         played = self.last_trajectories + [t for group in batch.replay for t in group]
         if self._all_ranks(len(played)) == 0:  # every episode lost to environment faults
@@ -159,11 +183,16 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
             flat = flatten(played, batch.reward_mode, batch.dense_scale)
             train = self._train_batch(flat)
             with watch("advantage"):
-                result, raw = adv.turn_advantages(flat, self.algo, train.old_values, credit=batch.credit, gamma=batch.credit_gamma)
+                result, raw = adv.turn_advantages(
+                    flat, self.algo, train.old_values, credit=batch.credit, gamma=batch.credit_gamma
+                )
             train = self._with_advantages(train, result)
             den = update.denominators(train, self.algo.loss_agg, self.device)  # J's means count every row
             probe, train = train, self._trained_rows(train)
-            stats = {"samples": float(len(train)), **update.replay_diagnostics(train, den, batch.replay_weight, self.algo.loss_agg)}
+            stats = {
+                "samples": float(len(train)),
+                **update.replay_diagnostics(train, den, batch.replay_weight, self.algo.loss_agg),
+            }
             if self._all_ranks(len(train)) > 0:
                 train, mismatch = self.score(train)
                 stats.update(self._update(train, batch.replay_weight, den), **mismatch)
@@ -173,8 +202,15 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         tokens = self.engine.stats["generated_tokens"] - tokens
         self._log_iteration(metrics.Iteration(batch, flat, train, result, raw, stats, watch.seconds, tokens))
 
-    def collect(self, tasks: list, group_size: int, policy_tag: str = "A", purpose: str = "train",
-                dense: bool = False, temperature: float | None = None) -> list[Trajectory]:
+    def collect(
+        self,
+        tasks: list,
+        group_size: int,
+        policy_tag: str = "A",
+        purpose: str = "train",
+        dense: bool = False,
+        temperature: float | None = None,
+    ) -> list[Trajectory]:
         """Play ``group_size`` episodes of every task with the current weights (the RSPO protocol).
 
         With ``dense`` the dense source scores every turn (``turn.dense_reward``); the episodes'
@@ -182,7 +218,9 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         rollout's.
         """
         seed_rollout(self.seed, self.iteration, f"{purpose}/{policy_tag}", self.global_rank)
-        played = self.engine.collect(tasks, group_size, iteration=self.iteration, policy_tag=policy_tag, temperature=temperature)
+        played = self.engine.collect(
+            tasks, group_size, iteration=self.iteration, policy_tag=policy_tag, temperature=temperature
+        )
         trajectories = drop_faulty(played, self.estimator.group_relative)
         self.episodes_dropped += len(played) - len(trajectories)
         if dense:
@@ -202,8 +240,12 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         return self._temperature if self._temperature is not None else self.rollout_cfg.temperature
 
     def _dummy(self) -> TrainBatch:
-        return scoring.dummy_batch(self.engine.pad_id, with_ref=self.algo.kl_coef > 0, with_values=self.estimator.needs_critic,
-                                   with_critic_rows=self.critic is not None)
+        return scoring.dummy_batch(
+            self.engine.pad_id,
+            with_ref=self.algo.kl_coef > 0,
+            with_values=self.estimator.needs_critic,
+            with_critic_rows=self.critic is not None,
+        )
 
     def _all_ranks(self, count: int) -> float:
         return all_sum([count], self.device)[0]
@@ -211,22 +253,41 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
     @staticmethod
     def _with_advantages(batch: TrainBatch, result: adv.AdvantageResult) -> TrainBatch:
         """``batch`` with the estimator's advantages (returns, clip scales)."""
-        return dataclasses.replace(batch, advantages=result.advantages.float(), **{name: value.float() for name, value in (
-            ("returns", result.returns), ("clip_scale", result.clip_scale)) if value is not None})
+        return dataclasses.replace(
+            batch,
+            advantages=result.advantages.float(),
+            **{
+                name: value.float()
+                for name, value in (("returns", result.returns), ("clip_scale", result.clip_scale))
+                if value is not None
+            },
+        )
 
     def _trained_rows(self, batch: TrainBatch) -> TrainBatch:
         """``batch`` less the rows of zero advantage under ``drop_zero_advantage`` (when no KL,
         entropy or critic term needs them): a compute saving only, the loss's means still count
         them (``update.Denominators``)."""
-        if self.algo.drop_zero_advantage and self.algo.kl_coef == 0 and self.algo.entropy_coef == 0 and not self.estimator.needs_critic:
+        if (
+            self.algo.drop_zero_advantage
+            and self.algo.kl_coef == 0
+            and self.algo.entropy_coef == 0
+            and not self.estimator.needs_critic
+        ):
             batch = batch.select(torch.nonzero(batch.advantages != 0).flatten())
         return batch
 
     def score(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
         """``batch`` with its old (and reference) log-probs (``scoring.score``), and the rollout's log-prob mismatch."""
-        scores, mismatch = scoring.score(self.policy, batch, self.train_temperature, self.algo.forward_batch_size,
-                                         self._dummy(), recompute_old=self.algo.recompute_old_logprobs, device=self.device,
-                                         reference=self.reference_model() if self.algo.kl_coef > 0 else None)
+        scores, mismatch = scoring.score(
+            self.policy,
+            batch,
+            self.train_temperature,
+            self.algo.forward_batch_size,
+            self._dummy(),
+            recompute_old=self.algo.recompute_old_logprobs,
+            device=self.device,
+            reference=self.reference_model() if self.algo.kl_coef > 0 else None,
+        )
         return dataclasses.replace(batch, **scores._asdict()), mismatch
 
     def _probe_mismatch(self, rows: TrainBatch) -> dict[str, float]:
@@ -245,32 +306,61 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
             return batch
         if self.critic is not None:
             batch = dataclasses.replace(batch, critic_rows=self.critic.input_ids(flat.turns))
-        return dataclasses.replace(batch, old_values=scoring.critic_values(self._values, batch, self.algo.forward_batch_size,
-                                                                           self._dummy(), self.device))
+        return dataclasses.replace(
+            batch,
+            old_values=scoring.critic_values(
+                self._values, batch, self.algo.forward_batch_size, self._dummy(), self.device
+            ),
+        )
 
     def _values(self, rows: TrainBatch) -> torch.Tensor:
         if self.critic is not None:
             return self.critic(rows.critic_rows, self.device)
         # through the policy's own forward (under FSDP2 its root unit holds the embeddings)
-        return scoring.forward(self.policy, rows, self.train_temperature, self.device, value_head=self.value_head).values
+        return scoring.forward(
+            self.policy, rows, self.train_temperature, self.device, value_head=self.value_head
+        ).values
 
-    def _update(self, batch: TrainBatch, replay_weight: float | None = None,
-                den: update.Denominators | None = None) -> dict[str, float]:
+    def _update(
+        self, batch: TrainBatch, replay_weight: float | None = None, den: update.Denominators | None = None
+    ) -> dict[str, float]:
         """``update.ppo_update`` with Lightning's backward and clipping; one scheduler step per iteration."""
         opts = self.optimizers()
         opts = opts if isinstance(opts, list) else [opts]
         if self._flat_sharded:  # Lightning's norm clipping refuses FSDP1; its root module clips over all shards
+
             def clip(opt, norm):
                 self.trainer.strategy.model.clip_grad_norm_(norm)
         else:  # through Lightning, so precision plugins and strategies apply
+
             def clip(opt, norm):
                 self.clip_gradients(opt, gradient_clip_val=norm, gradient_clip_algorithm="norm")
+
         result = update.ppo_update(
-            batch, self.loss, opts[0], self.algo, dummy=self._dummy(), replay_weight=replay_weight, device=self.device,
-            generator=torch.Generator().manual_seed(self.seed * 100003 + self.iteration), backward=self.manual_backward,
-            clip=clip, flat_sharded=self._flat_sharded, den=den,
-            critic_step=functools.partial(update.critic_step, self.critic, opts[1], self.critic_cfg, dummy=self._dummy(),
-                                          backward=self.manual_backward, device=self.device) if self.critic is not None else None)
+            batch,
+            self.loss,
+            opts[0],
+            self.algo,
+            dummy=self._dummy(),
+            replay_weight=replay_weight,
+            device=self.device,
+            generator=torch.Generator().manual_seed(self.seed * 100003 + self.iteration),
+            backward=self.manual_backward,
+            clip=clip,
+            flat_sharded=self._flat_sharded,
+            den=den,
+            critic_step=functools.partial(
+                update.critic_step,
+                self.critic,
+                opts[1],
+                self.critic_cfg,
+                dummy=self._dummy(),
+                backward=self.manual_backward,
+                device=self.device,
+            )
+            if self.critic is not None
+            else None,
+        )
         self.skipped_steps += result.skipped
         self.lr_schedulers().step()
         self.engine.mark_weights_changed()
@@ -280,15 +370,26 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         """``update.micro_batch_loss`` of the policy's forward over ``mb``: the loss function
         ``update.ppo_update`` is given (``scale`` None: ``mb`` as one whole minibatch)."""
         swap = self.algo.swap
-        fwd = scoring.forward(self.policy, mb, self.train_temperature, self.device, value_head=self.value_head,
-                              with_state=swap.coef > 0)
-        partner = partner_loss.partner_coefficient(self.iteration, swap.coef, swap.warmup_iterations) if swap.coef > 0 else None
+        fwd = scoring.forward(
+            self.policy, mb, self.train_temperature, self.device, value_head=self.value_head, with_state=swap.coef > 0
+        )
+        partner = (
+            partner_loss.partner_coefficient(self.iteration, swap.coef, swap.warmup_iterations)
+            if swap.coef > 0
+            else None
+        )
         return update.micro_batch_loss(
-            fwd, mb, scale or update.pooled_scale(mb, self.algo.loss_agg), self.algo, partner_coef=partner,
-            value_clip=self.critic_cfg.value_clip, value_coef=self.critic_cfg.value_coef,
+            fwd,
+            mb,
+            scale or update.pooled_scale(mb, self.algo.loss_agg),
+            self.algo,
+            partner_coef=partner,
+            value_clip=self.critic_cfg.value_clip,
+            value_coef=self.critic_cfg.value_coef,
             # critic warm-up: the actor does not move during the first iterations (verl's critic_warmup)
             actor_moves=self.iteration >= self.critic_cfg.warmup_iterations or not self.estimator.needs_critic,
-            generator=torch.Generator().manual_seed(self.seed * 100003 + self.iteration))
+            generator=torch.Generator().manual_seed(self.seed * 100003 + self.iteration),
+        )
 
     def snapshot_trainable(self) -> dict:
         """RSPO's copy of agent A (``callbacks.rspo.snapshot_trainable``)."""
@@ -309,20 +410,36 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
             played, prefix = self.last_trajectories, "rollout" if it.batch.policy_tag == "A" else "rollout_b"
             won = merge_over_ranks({"won": [sum(t.success for t in played), len(played)]})["won"]  # on every rank
             if played:  # the success rate over all ranks; the other rollout values are this rank's
-                self.log_dict({f"{prefix}/success_rate": won[0] / max(won[1], 1.0), **metrics.rollout_metrics(played, prefix)},
-                              on_step=True, batch_size=len(played))
-                if it.batch.policy_tag == "A":  # the progress bar: agent A's training success (RSPO's B logs rollout_b/*)
+                self.log_dict(
+                    {f"{prefix}/success_rate": won[0] / max(won[1], 1.0), **metrics.rollout_metrics(played, prefix)},
+                    on_step=True,
+                    batch_size=len(played),
+                )
+                if (
+                    it.batch.policy_tag == "A"
+                ):  # the progress bar: agent A's training success (RSPO's B logs rollout_b/*)
                     self.log("success_A", won[0] / max(won[1], 1.0), prog_bar=True, on_step=True, logger=False)
             values = metrics.iteration_metrics(it, self.algo.ppo_epochs)
-            values.update({"train/lr": self.lr_schedulers().optimizer.param_groups[0]["lr"], "iteration": float(self.iteration),
-                           "train/skipped_steps": float(self.skipped_steps)})
+            values.update(
+                {
+                    "train/lr": self.lr_schedulers().optimizer.param_groups[0]["lr"],
+                    "iteration": float(self.iteration),
+                    "train/skipped_steps": float(self.skipped_steps),
+                }
+            )
             if "train/policy_loss" in values:
                 self.log("train/policy_loss", values.pop("train/policy_loss"), prog_bar=True, on_step=True)
             self.log_dict(values, on_step=True)
             self.log("it", float(self.iteration), prog_bar=True, on_step=True, logger=False)
-        self.log_dict({"rollout/env_errors": float(self.engine.env_errors), "rollout/episodes_dropped": float(self.episodes_dropped),
-                       "rollout/env_steps": float(self.env_steps),
-                       "step": float(self.iteration)}, on_step=True)  # Lightning's x-axis key: one point per RL iteration
+        self.log_dict(
+            {
+                "rollout/env_errors": float(self.engine.env_errors),
+                "rollout/episodes_dropped": float(self.episodes_dropped),
+                "rollout/env_steps": float(self.env_steps),
+                "step": float(self.iteration),
+            },
+            on_step=True,
+        )  # Lightning's x-axis key: one point per RL iteration
 
     # -- checkpoint ----------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

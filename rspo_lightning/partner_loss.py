@@ -162,7 +162,9 @@ def partner_loss(
     if weighting not in PARTNER_WEIGHTINGS:
         raise ValueError(f"weighting must be one of {list(PARTNER_WEIGHTINGS)}, got {weighting!r}")
     if weighting == "softmax" and strategy != "knn":
-        raise ValueError(f"weighting='softmax' weighs partners by similarity and needs strategy='knn', got {strategy!r}")
+        raise ValueError(
+            f"weighting='softmax' weighs partners by similarity and needs strategy='knn', got {strategy!r}"
+        )
     if agg not in AGGREGATIONS:
         raise ValueError(f"agg must be one of {list(AGGREGATIONS)}, got {agg!r}")
     if num_partners < 1:
@@ -179,7 +181,11 @@ def partner_loss(
         raise ValueError(f"logprobs must be [N, L], got shape {tuple(logprobs.shape)}")
     n = logprobs.shape[0]
     behaviour = old_logprobs if behaviour_logprobs is None else behaviour_logprobs
-    for name, t in (("old_logprobs", old_logprobs), ("behaviour_logprobs", behaviour), ("response_mask", response_mask)):
+    for name, t in (
+        ("old_logprobs", old_logprobs),
+        ("behaviour_logprobs", behaviour),
+        ("response_mask", response_mask),
+    ):
         if t.shape != logprobs.shape:
             raise ValueError(f"{name} must match logprobs' shape {tuple(logprobs.shape)}, got {tuple(t.shape)}")
     if advantages.shape != (n,):
@@ -196,8 +202,19 @@ def partner_loss(
     on = response_mask != 0
     pool = on.any(-1).cpu()  # samples with response tokens
     participants = pool & (torch.rand(n, generator=generator) < p_swap) if p_swap < 1.0 else pool
-    partners = _find_partners(n, pool, participants, strategy, num_partners, embeddings, rewards, num_buckets, weighting,
-                              temperature, generator)
+    partners = _find_partners(
+        n,
+        pool,
+        participants,
+        strategy,
+        num_partners,
+        embeddings,
+        rewards,
+        num_buckets,
+        weighting,
+        temperature,
+        generator,
+    )
     rows_i, rows_j, weights = [], [], []
     for i, (mates, w) in enumerate(partners):
         rows_i += [i] * len(mates)
@@ -215,8 +232,14 @@ def partner_loss(
     scale = torch.tensor(weights, dtype=torch.float64) * (len(rows_j) / num_participating)
     adv = beta_s * advantages.detach()[i_idx].to(torch.float64) * scale.to(device)
     loss, stats = clipped_surrogate(
-        logprobs[j_idx], old_logprobs[j_idx], behaviour[j_idx], adv.to(logprobs.dtype), response_mask[j_idx],
-        eps_low=eps_low, eps_high=eps_high, agg=agg,
+        logprobs[j_idx],
+        old_logprobs[j_idx],
+        behaviour[j_idx],
+        adv.to(logprobs.dtype),
+        response_mask[j_idx],
+        eps_low=eps_low,
+        eps_high=eps_high,
+        agg=agg,
     )
     return loss, {
         "swap_frac": zero + num_participating / n,

@@ -167,9 +167,7 @@ def _torch_dtype(dtype: str) -> torch.dtype:
     """``"float32"`` -> ``torch.float32``; only floating dtypes are accepted."""
     value = getattr(torch, str(dtype), None)
     if not isinstance(value, torch.dtype) or not value.is_floating_point:
-        raise ValueError(
-            f"dtype must name a floating torch dtype such as 'float32' or 'bfloat16', got {dtype!r}."
-        )
+        raise ValueError(f"dtype must name a floating torch dtype such as 'float32' or 'bfloat16', got {dtype!r}.")
     return value
 
 
@@ -198,9 +196,7 @@ def _load_hf_dir(
             f"source at the folder that holds config.json (and the weights), or pass "
             f"gguf_file=<name> if it holds a .gguf file."
         )
-    tokenizer = AutoTokenizer.from_pretrained(
-        directory, local_files_only=True, trust_remote_code=trust_remote_code
-    )
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(
         directory,
         local_files_only=True,
@@ -306,9 +302,7 @@ def _finish(
 # --------------------------------------------------------------------------- tiny preset
 
 
-def build_tiny_tokenizer(
-    corpus: Sequence[str], model_max_length: int = 1024
-) -> PreTrainedTokenizerFast:
+def build_tiny_tokenizer(corpus: Sequence[str], model_max_length: int = 1024) -> PreTrainedTokenizerFast:
     """Word-level tokenizer: one token per whitespace-separated word of ``corpus``, with sentence
     punctuation (``. , ; : ! ?``) split off as its own token.
 
@@ -323,9 +317,8 @@ def build_tiny_tokenizer(
         corpus: training texts (environment observations, instructions, actions, ...).
         model_max_length: longest sequence the model takes (its ``max_position_embeddings``).
     """
-    from tokenizers import Tokenizer
+    from tokenizers import Regex, Tokenizer
     from tokenizers.models import WordLevel
-    from tokenizers import Regex
     from tokenizers.pre_tokenizers import Sequence as PreTokenizerSequence
     from tokenizers.pre_tokenizers import Split, WhitespaceSplit
     from tokenizers.trainers import WordLevelTrainer
@@ -334,12 +327,8 @@ def build_tiny_tokenizer(
         raise ValueError("corpus must be a sequence of texts, got a single str; wrap it: [text].")
     texts = [str(t) for t in corpus]
     backend = Tokenizer(WordLevel(unk_token=UNK_TOKEN))
-    backend.pre_tokenizer = PreTokenizerSequence(
-        [WhitespaceSplit(), Split(Regex(r"[.,;:!?]"), behavior="isolated")]
-    )
-    trainer = WordLevelTrainer(
-        vocab_size=10_000_000, min_frequency=1, special_tokens=list(TINY_SPECIAL_TOKENS)
-    )
+    backend.pre_tokenizer = PreTokenizerSequence([WhitespaceSplit(), Split(Regex(r"[.,;:!?]"), behavior="isolated")])
+    trainer = WordLevelTrainer(vocab_size=10_000_000, min_frequency=1, special_tokens=list(TINY_SPECIAL_TOKENS))
     backend.train_from_iterator(texts, trainer=trainer)
     backend.add_tokens(list(TAG_TOKENS))
     tokenizer = PreTrainedTokenizerFast(
@@ -466,8 +455,14 @@ def apply_lora(model: nn.Module, settings) -> nn.Module:
         raise ImportError('policy.lora needs the `peft` package: pip install -e ".[lora]"') from exc
     if getattr(model, "is_gradient_checkpointing", False):
         model.enable_input_require_grads()  # checkpointed blocks need a grad-carrying input
-    config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                        target_modules=settings.target_modules, bias="none", task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=settings.target_modules,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     return get_peft_model(model, config)
 
 

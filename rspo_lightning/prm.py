@@ -88,7 +88,9 @@ def episode_segments(trajectory: Trajectory, tokenize: Callable[[str], list[int]
     return out
 
 
-def pack_episode(segments: Sequence[tuple[Sequence[int], Sequence[int]]], max_length: int) -> tuple[list[int], list[int]]:
+def pack_episode(
+    segments: Sequence[tuple[Sequence[int], Sequence[int]]], max_length: int
+) -> tuple[list[int], list[int]]:
     """Concatenate ``context_0, response_0, context_1, response_1, ...`` into at most ``max_length`` ids.
 
     Returns ``(ids, read_positions)``: ``read_positions[t]`` is the index of turn t's last
@@ -110,8 +112,10 @@ def pack_episode(segments: Sequence[tuple[Sequence[int], Sequence[int]]], max_le
     responses = [list(r) for _, r in segments]
     budget = max_length - sum(len(r) for r in responses)
     if budget < 0:
-        raise ValueError(f"the episode's responses alone take {max_length - budget} tokens, more than max_length={max_length}; "
-                         f"raise max_length")
+        raise ValueError(
+            f"the episode's responses alone take {max_length - budget} tokens, more than max_length={max_length}; "
+            f"raise max_length"
+        )
     lengths = [len(c) for c in contexts]
     if sum(lengths) > budget:
         # Largest common cap c with sum(min(len, c)) <= budget (the sum is non-decreasing in c).
@@ -130,7 +134,7 @@ def pack_episode(segments: Sequence[tuple[Sequence[int], Sequence[int]]], max_le
             if lengths[i] > lo:
                 keep[i] += 1
                 spare -= 1
-        contexts = [c[len(c) - k:] if k else [] for c, k in zip(contexts, keep)]
+        contexts = [c[len(c) - k :] if k else [] for c, k in zip(contexts, keep)]
     ids: list[int] = []
     reads: list[int] = []
     for context, response in zip(contexts, responses):
@@ -156,11 +160,16 @@ def pad_episodes(rows: Sequence[Sequence[int]], reads: Sequence[Sequence[int]], 
     read_positions = torch.zeros((n, turns), dtype=torch.long)
     turn_mask = torch.zeros((n, turns), dtype=torch.bool)
     for i, (row, pos) in enumerate(zip(rows, reads)):
-        input_ids[i, :len(row)] = torch.as_tensor(row, dtype=torch.long)
-        attention_mask[i, :len(row)] = 1
-        read_positions[i, :len(pos)] = torch.as_tensor(pos, dtype=torch.long)
-        turn_mask[i, :len(pos)] = True
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "read_positions": read_positions, "turn_mask": turn_mask}
+        input_ids[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+        attention_mask[i, : len(row)] = 1
+        read_positions[i, : len(pos)] = torch.as_tensor(pos, dtype=torch.long)
+        turn_mask[i, : len(pos)] = True
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "read_positions": read_positions,
+        "turn_mask": turn_mask,
+    }
 
 
 def prm_loss(turn_values: Tensor, turn_mask: Tensor, targets: Tensor) -> Tensor:
@@ -172,8 +181,10 @@ def prm_loss(turn_values: Tensor, turn_mask: Tensor, targets: Tensor) -> Tensor:
         targets: ``[B]`` final reward R of each trajectory.
     """
     if turn_values.shape != turn_mask.shape or targets.shape != turn_values.shape[:1]:
-        raise ValueError(f"prm_loss needs turn_values and turn_mask [B, T] and targets [B], got {tuple(turn_values.shape)}, "
-                         f"{tuple(turn_mask.shape)} and {tuple(targets.shape)}")
+        raise ValueError(
+            f"prm_loss needs turn_values and turn_mask [B, T] and targets [B], got {tuple(turn_values.shape)}, "
+            f"{tuple(turn_mask.shape)} and {tuple(targets.shape)}"
+        )
     values = turn_values.float()
     sums = torch.where(turn_mask.bool(), values, torch.zeros_like(values)).sum(-1)
     return ((sums - targets.to(sums)) ** 2).mean()
@@ -291,15 +302,20 @@ class ProcessRewardModule(pl.LightningModule):
                 "model.policy.source to the directory that tokenizer was saved in (`python -m rspo_lightning.trajectory_io "
                 "expert --save-policy DIR ...`, or the RL run's exported policy)"
             )
-        backbone, tokenizer = load_policy(self.policy_cfg.source, gguf_file=self.policy_cfg.gguf_file,
-                                          trust_remote_code=self.policy_cfg.trust_remote_code)
+        backbone, tokenizer = load_policy(
+            self.policy_cfg.source,
+            gguf_file=self.policy_cfg.gguf_file,
+            trust_remote_code=self.policy_cfg.trust_remote_code,
+        )
         context = getattr(backbone.config, "max_position_embeddings", None)
         context = context if isinstance(context, int) else None
         if self.max_length is None:
             self.max_length = context or 2048
         elif context is not None and self.max_length > context:
-            raise ValueError(f"model.max_length={self.max_length} is longer than the backbone's context "
-                             f"(max_position_embeddings={context}); set model.max_length <= {context} or null")
+            raise ValueError(
+                f"model.max_length={self.max_length} is longer than the backbone's context "
+                f"(max_position_embeddings={context}); set model.max_length <= {context} or null"
+            )
         if self.policy_cfg.gradient_checkpointing and not self.freeze_backbone:
             backbone.gradient_checkpointing_enable()
         if self.freeze_backbone:
@@ -319,7 +335,9 @@ class ProcessRewardModule(pl.LightningModule):
 
     def configure_optimizers(self):
         params = [p for p in self.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=self.optim_cfg.lr, betas=self.optim_cfg.betas, weight_decay=self.optim_cfg.weight_decay)
+        opt = torch.optim.AdamW(
+            params, lr=self.optim_cfg.lr, betas=self.optim_cfg.betas, weight_decay=self.optim_cfg.weight_decay
+        )
         sched = torch.optim.lr_scheduler.LambdaLR(opt, self.optim_cfg.lr_factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
@@ -364,7 +382,7 @@ class ProcessRewardModule(pl.LightningModule):
             if scored:
                 enc = self.encode(scored)
                 out = self(enc["input_ids"], enc["attention_mask"], enc["read_positions"]).cpu()
-                values = [out[i, :len(t.turns)].tolist() for i, t in enumerate(scored)]
+                values = [out[i, : len(t.turns)].tolist() for i, t in enumerate(scored)]
             it = iter(values)
             return [next(it) if t.turns else [] for t in trajectories]
         finally:
@@ -375,7 +393,9 @@ class ProcessRewardModule(pl.LightningModule):
         """``(MSE of Σ_t c_t against R, mean absolute error of Σ_t c_t)`` over ``trajectories``."""
         enc = self.encode(trajectories)
         values = self(enc["input_ids"], enc["attention_mask"], enc["read_positions"])
-        targets = torch.tensor([trajectory_target(t, self.target) for t in trajectories], dtype=torch.float32, device=values.device)
+        targets = torch.tensor(
+            [trajectory_target(t, self.target) for t in trajectories], dtype=torch.float32, device=values.device
+        )
         loss = prm_loss(values, enc["turn_mask"], targets)
         with torch.no_grad():
             sums = torch.where(enc["turn_mask"], values, torch.zeros_like(values)).sum(-1)
@@ -427,21 +447,36 @@ class ProcessRewardModule(pl.LightningModule):
         self.tokenizer.save_pretrained(directory)
         torch.save({k: v.detach().cpu() for k, v in self.head.state_dict().items()}, os.path.join(directory, HEAD_FILE))
         with open(os.path.join(directory, CONFIG_FILE), "w", encoding="utf-8") as f:
-            json.dump({"head": self.head_kind, "head_hidden": self.head_hidden, "max_length": self.max_length,
-                       "target": self.target}, f, indent=2)
+            json.dump(
+                {
+                    "head": self.head_kind,
+                    "head_hidden": self.head_hidden,
+                    "max_length": self.max_length,
+                    "target": self.target,
+                },
+                f,
+                indent=2,
+            )
         return directory
 
     @classmethod
-    def from_pretrained(cls, directory: str, map_location: str | torch.device = "cpu") -> "ProcessRewardModule":
+    def from_pretrained(cls, directory: str, map_location: str | torch.device = "cpu") -> ProcessRewardModule:
         """Load a directory written by ``save_pretrained`` (in eval mode)."""
         head_path, config_path = os.path.join(directory, HEAD_FILE), os.path.join(directory, CONFIG_FILE)
         if not (os.path.isfile(head_path) and os.path.isfile(config_path)):
-            raise FileNotFoundError(f"{directory!r} has no {HEAD_FILE} / {CONFIG_FILE}; pass a directory written by "
-                                    f"ProcessRewardModule.save_pretrained (a PRM fit exports <log_dir>/prm)")
+            raise FileNotFoundError(
+                f"{directory!r} has no {HEAD_FILE} / {CONFIG_FILE}; pass a directory written by "
+                f"ProcessRewardModule.save_pretrained (a PRM fit exports <log_dir>/prm)"
+            )
         with open(config_path, encoding="utf-8") as f:
             cfg = json.load(f)
-        module = cls(policy=PolicyConfig(source=directory), head=cfg["head"], head_hidden=cfg.get("head_hidden"),
-                     max_length=int(cfg["max_length"]), target=cfg.get("target", "score"))
+        module = cls(
+            policy=PolicyConfig(source=directory),
+            head=cfg["head"],
+            head_hidden=cfg.get("head_hidden"),
+            max_length=int(cfg["max_length"]),
+            target=cfg.get("target", "score"),
+        )
         module.configure_model()
         module.head.load_state_dict(torch.load(head_path, map_location="cpu", weights_only=True))
         return module.to(map_location).eval()
@@ -453,8 +488,14 @@ class ProcessRewardModule(pl.LightningModule):
             self.save_pretrained(directory)
             self.export_dir = directory
             r = getattr(self, "ranking", None)
-            ranking = (f"; held-out ranking: ROC AUC {r['auc']:.3f} (won vs lost, {r['won']} of {r['episodes']} episodes won), "
-                       f"correlation with final progress {r['progress_corr']:.3f}") if r else ""
+            ranking = (
+                (
+                    f"; held-out ranking: ROC AUC {r['auc']:.3f} (won vs lost, {r['won']} of {r['episodes']} episodes won), "
+                    f"correlation with final progress {r['progress_corr']:.3f}"
+                )
+                if r
+                else ""
+            )
             print(f"prm: saved to {directory}{ranking}")
 
 

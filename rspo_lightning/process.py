@@ -38,5 +38,5 @@ def unfreeze_startup_heap() -> None:
 def seed_rollout(seed: int, iteration: int, purpose: str, rank: int = 0) -> None:
     """Seed torch's RNG (the sampler's) from (seed, iteration, purpose, rank): a resumed run replays
     the same samples as an uninterrupted one, whatever ran before."""
-    code = sum(ord(c) * 31 ** i for i, c in enumerate(purpose)) % 1_000_003
+    code = sum(ord(c) * 31**i for i, c in enumerate(purpose)) % 1_000_003
     torch.manual_seed(((seed * 1_000_003 + iteration) * 1_000_003 * 64 + code * 64 + rank) % (2**63 - 1))

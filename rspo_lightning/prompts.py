@@ -8,8 +8,8 @@ therefore stays flat however long the episode runs (docs/design.md §3).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from tokenizers import Tokenizer
 
@@ -94,8 +94,7 @@ def render_prompt(
         return without_history.format(task=task, observation=observation, admissible=admissible_text)
     first = step - len(shown) + 1
     history_text = "".join(
-        f"\nObservation {first + i}: {h.observation}\nAction {first + i}: {h.action}"
-        for i, h in enumerate(shown)
+        f"\nObservation {first + i}: {h.observation}\nAction {first + i}: {h.action}" for i, h in enumerate(shown)
     )
     return with_history.format(
         task=task,
@@ -133,7 +132,9 @@ def chat_prompt_text(tokenizer, user_message: str, system_prompt: str | None = S
         wrapped = _apply_chat_template(tokenizer, _MARK, system_prompt)
         parts = tuple(wrapped.split(_MARK)) if wrapped.count(_MARK) == 1 else None
         samples = ("a b", " x\n y ", "<action>go</action>", "")
-        if parts is not None and any(_apply_chat_template(tokenizer, m, system_prompt) != parts[0] + m + parts[1] for m in samples):
+        if parts is not None and any(
+            _apply_chat_template(tokenizer, m, system_prompt) != parts[0] + m + parts[1] for m in samples
+        ):
             parts = None
         cache[key] = parts
     parts = cache[key]
@@ -186,7 +187,9 @@ def build_turn_prompt(
     global _TRUNCATION_WARNED
 
     def render(window: int, obs: str) -> list[int]:
-        return tokenizer(_turn_text(tokenizer, rollout_cfg, info, obs, history, step, window), add_special_tokens=False)["input_ids"]
+        return tokenizer(
+            _turn_text(tokenizer, rollout_cfg, info, obs, history, step, window), add_special_tokens=False
+        )["input_ids"]
 
     window = rollout_cfg.history_window
     ids = render(window, observation)
@@ -208,7 +211,7 @@ def build_turn_prompt(
     while len(ids) > max_tokens and obs:
         # Shrink geometrically (few re-renders even for huge texts) and strictly (always ends).
         keep = max(0, int(len(obs) * 0.75) - len(mark))
-        obs = obs[: keep // 2] + mark + obs[len(obs) - (keep - keep // 2):] if keep else ""
+        obs = obs[: keep // 2] + mark + obs[len(obs) - (keep - keep // 2) :] if keep else ""
         ids = render(0, obs)
     return ids[-max_tokens:] if len(ids) > max_tokens else ids
 
@@ -248,7 +251,9 @@ def action_response_ids(tokenizer, action: str | Sequence[str]) -> list[int] | l
     return encode_texts(tokenizer, [f"{ACTION_OPEN} {a} {ACTION_CLOSE}" for a in action])
 
 
-def _turn_text(tokenizer, rollout_cfg, info: dict, observation: str, history: Sequence[HistoryEntry], step: int, window: int) -> str:
+def _turn_text(
+    tokenizer, rollout_cfg, info: dict, observation: str, history: Sequence[HistoryEntry], step: int, window: int
+) -> str:
     text = render_prompt(
         rollout_cfg.template,
         task=str(info.get("task", "")),
@@ -261,12 +266,19 @@ def _turn_text(tokenizer, rollout_cfg, info: dict, observation: str, history: Se
     return chat_prompt_text(tokenizer, text, rollout_cfg.system_prompt or None)
 
 
-def build_turn_prompts(tokenizer, rollout_cfg, turns: Sequence[tuple[dict, str, Sequence[HistoryEntry], int]],
-                       max_tokens: int | None = None) -> list[list[int]]:
+def build_turn_prompts(
+    tokenizer,
+    rollout_cfg,
+    turns: Sequence[tuple[dict, str, Sequence[HistoryEntry], int]],
+    max_tokens: int | None = None,
+) -> list[list[int]]:
     """``build_turn_prompt`` of many ``(info, observation, history, step)`` turns: the same ids,
     tokenised in one batched call (prompts over ``max_tokens`` are then shrunk one by one)."""
     texts = [_turn_text(tokenizer, rollout_cfg, *turn, rollout_cfg.history_window) for turn in turns]
     ids = encode_texts(tokenizer, texts)
-    return [row if max_tokens is None or len(row) <= max_tokens else build_turn_prompt(tokenizer, rollout_cfg, *turn, max_tokens)
-            for row, turn in zip(ids, turns)]
-
+    return [
+        row
+        if max_tokens is None or len(row) <= max_tokens
+        else build_turn_prompt(tokenizer, rollout_cfg, *turn, max_tokens)
+        for row, turn in zip(ids, turns)
+    ]

@@ -19,7 +19,8 @@ import copy
 import dataclasses
 import random
 from collections import deque
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rspo_lightning.trajectory_io import trajectory_from_dict, trajectory_to_dict
 from rspo_lightning.types import TaskSpec, Trajectory
@@ -77,8 +78,15 @@ class ReplayBuffer:
     stored trajectories were ever drawn.
     """
 
-    def __init__(self, capacity: int = 256, sampling: str = "reward", seed: int = 0, unit: str = "group",
-                 skip_zero_advantage: bool = False, slots: str = "signal"):
+    def __init__(
+        self,
+        capacity: int = 256,
+        sampling: str = "reward",
+        seed: int = 0,
+        unit: str = "group",
+        skip_zero_advantage: bool = False,
+        slots: str = "signal",
+    ):
         if capacity < 1:
             raise ValueError(f"replay capacity must be >= 1, got {capacity}")
         if sampling not in SAMPLING:
@@ -88,8 +96,10 @@ class ReplayBuffer:
         if slots not in SLOTS:
             raise ValueError(f"replay slots must be one of {SLOTS}, got {slots!r}")
         if slots != "signal" and unit != "trajectory":
-            raise ValueError(f"replay slots={slots!r} picks single trajectories by their stored advantage: it needs "
-                             "unit='trajectory' (RSPOLoop replay_unit: trajectory)")
+            raise ValueError(
+                f"replay slots={slots!r} picks single trajectories by their stored advantage: it needs "
+                "unit='trajectory' (RSPOLoop replay_unit: trajectory)"
+            )
         self.capacity = capacity
         self.sampling = sampling
         self.unit = unit
@@ -264,7 +274,7 @@ def mix_replay(batch: Any, replay: list[list[Trajectory]], group_size: int, join
     """
     n = sum(len(g) for g in replay)
     drop = min(len(batch.tasks), -(-n // max(group_size, 1)))
-    batch.tasks = batch.tasks[:len(batch.tasks) - drop]
+    batch.tasks = batch.tasks[: len(batch.tasks) - drop]
     if join_online:
         slots: dict[tuple, TaskSpec] = {}
         tasks = list(batch.tasks)
@@ -278,8 +288,12 @@ def mix_replay(batch: Any, replay: list[list[Trajectory]], group_size: int, join
                     tasks[i] = TaskSpec(t.task.env_id, t.task.split, t.task.task_id, tasks[i].group_id)
                     slots[key] = tasks[i]
                 if key in slots:
-                    t = dataclasses.replace(t, task=slots[key], joins_online=True,
-                                            turns=[dataclasses.replace(turn, replay_advantage=None) for turn in t.turns])
+                    t = dataclasses.replace(
+                        t,
+                        task=slots[key],
+                        joins_online=True,
+                        turns=[dataclasses.replace(turn, replay_advantage=None) for turn in t.turns],
+                    )
                 out.append(t)
             joined.append(out)
         batch.tasks, replay = tasks, joined

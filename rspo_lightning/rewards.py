@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 import os
 import random
-from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rspo_lightning.types import Trajectory
 
@@ -40,7 +41,9 @@ def assign_dense_rewards(source: DenseReward, trajectories: Sequence[Trajectory]
     for traj in trajectories:
         values = source.turn_rewards(traj)
         if len(values) != len(traj.turns):
-            raise ValueError(f"{type(source).__name__}.turn_rewards returned {len(values)} values for {len(traj.turns)} turns")
+            raise ValueError(
+                f"{type(source).__name__}.turn_rewards returned {len(values)} values for {len(traj.turns)} turns"
+            )
         for turn, value in zip(traj.turns, values):
             value = float(value)
             if not math.isfinite(value):
@@ -89,7 +92,10 @@ class NoisyReward:
         self._rng = random.Random(seed)
 
     def turn_rewards(self, trajectory: Trajectory) -> list[float]:
-        return [r + (self._rng.gauss(0.0, self.sigma) if self.sigma > 0 else 0.0) for r in self.base.turn_rewards(trajectory)]
+        return [
+            r + (self._rng.gauss(0.0, self.sigma) if self.sigma > 0 else 0.0)
+            for r in self.base.turn_rewards(trajectory)
+        ]
 
     def state_dict(self) -> dict:
         return {"rng": self._rng.getstate()}
@@ -119,7 +125,9 @@ def grounding_bonus(grounding: float | None, success_reward: float, max_steps: i
             valid turns earn at least ``success_reward``.
     """
     if not (_is_number(success_reward) and 0 < success_reward < float("inf")):
-        raise ValueError(f"success_reward must be a finite number > 0 (the env's reward for a win), got {success_reward!r}")
+        raise ValueError(
+            f"success_reward must be a finite number > 0 (the env's reward for a win), got {success_reward!r}"
+        )
     if not (isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps >= 1):
         raise ValueError(f"max_steps must be an integer >= 1 (the env's episode length cap), got {max_steps!r}")
     if grounding is None:
@@ -168,12 +176,21 @@ class ProcessRewardModelReward:
         device: where the model runs; None = where it already is (``cpu`` when loaded from disk).
     """
 
-    def __init__(self, model: "ProcessRewardModule | str", grounding: float | None = None, device: str | None = None,
-                 success_reward: float = 10.0, max_steps: int = 50, grounding_mode: str = "penalty"):
+    def __init__(
+        self,
+        model: ProcessRewardModule | str,
+        grounding: float | None = None,
+        device: str | None = None,
+        success_reward: float = 10.0,
+        max_steps: int = 50,
+        grounding_mode: str = "penalty",
+    ):
         from rspo_lightning.prm import ProcessRewardModule, load_checkpoint  # a model: loaded only when used
 
         if grounding_mode not in GROUNDING_MODES:
-            raise ValueError(f"ProcessRewardModelReward grounding_mode must be one of {GROUNDING_MODES}, got {grounding_mode!r}")
+            raise ValueError(
+                f"ProcessRewardModelReward grounding_mode must be one of {GROUNDING_MODES}, got {grounding_mode!r}"
+            )
         self.grounding = grounding_bonus(grounding, success_reward, max_steps)
         self.grounding_mode = grounding_mode
         if isinstance(model, str):
@@ -182,12 +199,16 @@ class ProcessRewardModelReward:
             elif os.path.isfile(model):
                 model = load_checkpoint(model, "cpu")
             else:
-                raise FileNotFoundError(f"ProcessRewardModelReward: model={model!r} is neither a save_pretrained directory nor a "
-                                        f"checkpoint file: set it (--model.dense_reward.init_args.model, or RSPOLoop's dense_reward) to "
-                                        f"the <log_dir>/prm folder of a PRM fit; train one with `rspo-lightning fit --config "
-                                        f"configs/<env>/prm.yaml` (README: RSPO with a learned process reward)")
+                raise FileNotFoundError(
+                    f"ProcessRewardModelReward: model={model!r} is neither a save_pretrained directory nor a "
+                    f"checkpoint file: set it (--model.dense_reward.init_args.model, or RSPOLoop's dense_reward) to "
+                    f"the <log_dir>/prm folder of a PRM fit; train one with `rspo-lightning fit --config "
+                    f"configs/<env>/prm.yaml` (README: RSPO with a learned process reward)"
+                )
         if not isinstance(model, ProcessRewardModule):
-            raise TypeError(f"ProcessRewardModelReward needs a ProcessRewardModule or a path, got {type(model).__name__}")
+            raise TypeError(
+                f"ProcessRewardModelReward needs a ProcessRewardModule or a path, got {type(model).__name__}"
+            )
         model.configure_model()
         if device is not None:
             model = model.to(device)
@@ -195,7 +216,10 @@ class ProcessRewardModelReward:
 
     def turn_rewards(self, trajectory: Trajectory) -> list[float]:
         values = self.model.turn_values([trajectory])[0]
-        return [c + grounding_term(self.grounding, self.grounding_mode, turn.valid) for c, turn in zip(values, trajectory.turns)]
+        return [
+            c + grounding_term(self.grounding, self.grounding_mode, turn.valid)
+            for c, turn in zip(values, trajectory.turns)
+        ]
 
 
 def grounding_term(grounding: float, mode: str, valid: bool) -> float:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
@@ -27,7 +27,6 @@ from rspo_lightning.types import TaskSpec, Trajectory, Turn
 from rspo_lightning.vllm_backend import VLLMConfig, VLLMGenerator
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass
@@ -82,15 +81,21 @@ class RolloutConfig:
         if isinstance(self.vllm, dict):
             self.vllm = VLLMConfig(**self.vllm)
         if self.env_workers < 0:
-            raise ValueError(f"rollout.env_workers must be >= 0 (0 = environments in the trainer process), got {self.env_workers}")
+            raise ValueError(
+                f"rollout.env_workers must be >= 0 (0 = environments in the trainer process), got {self.env_workers}"
+            )
         if self.env_timeout_s is not None and not self.env_timeout_s > 0:
             raise ValueError(f"rollout.env_timeout_s must be > 0 or null (no timeout), got {self.env_timeout_s}")
         if self.temperature <= 0:
-            raise ValueError(f"rollout.temperature must be > 0, got {self.temperature}; use greedy=True in collect() for argmax decoding")
+            raise ValueError(
+                f"rollout.temperature must be > 0, got {self.temperature}; use greedy=True in collect() for argmax decoding"
+            )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
         if self.constrained_decoding and self.top_p != 1.0:
-            raise ValueError("rollout.constrained_decoding needs rollout.top_p: 1.0 (nucleus truncation could remove every allowed token)")
+            raise ValueError(
+                "rollout.constrained_decoding needs rollout.top_p: 1.0 (nucleus truncation could remove every allowed token)"
+            )
         if self.max_new_tokens < 1:
             raise ValueError(f"rollout.max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
@@ -189,9 +194,15 @@ class RolloutEngine:
             return
         if self.vllm is None:  # built from the current weights: nothing to push
             close_ids, close_string = self._stops
-            self.vllm = VLLMGenerator(self.model, self.tokenizer, self.config.vllm, self.config.max_new_tokens,
-                                      close_ids.tolist(), ACTION_CLOSE if close_string is not None else None,
-                                      top_p=self.config.top_p)
+            self.vllm = VLLMGenerator(
+                self.model,
+                self.tokenizer,
+                self.config.vllm,
+                self.config.max_new_tokens,
+                close_ids.tolist(),
+                ACTION_CLOSE if close_string is not None else None,
+                top_p=self.config.top_p,
+            )
         elif self._weights_stale:
             self.vllm.wake_up()  # a sleeping engine's weights are offloaded: reload into the awake one
             self.vllm.push(self.model)
@@ -225,8 +236,9 @@ class RolloutEngine:
     def _pool(self, env_id: str, n: int) -> EnvPool:
         pool = self.pools.get(env_id)
         if pool is None:
-            pool = self.pools[env_id] = EnvPool(env_id, self.env_kwargs, num_workers=self.config.env_workers,
-                                                timeout_s=self.config.env_timeout_s)
+            pool = self.pools[env_id] = EnvPool(
+                env_id, self.env_kwargs, num_workers=self.config.env_workers, timeout_s=self.config.env_timeout_s
+            )
         pool.ensure(n)
         return pool
 
@@ -236,8 +248,14 @@ class RolloutEngine:
         ep.done = True
         ep.traj.env_error = message
         if self.env_errors <= 10 or self.env_errors % 100 == 0:  # the first ten, then every 100th
-            log.warning("environment fault #%d in %s (task %s, turn %d): %s; the episode is dropped and the env rebuilt",
-                        self.env_errors, ep.task.env_id, ep.task.task_id, len(ep.traj.turns), message)
+            log.warning(
+                "environment fault #%d in %s (task %s, turn %d): %s; the episode is dropped and the env rebuilt",
+                self.env_errors,
+                ep.task.env_id,
+                ep.task.task_id,
+                len(ep.traj.turns),
+                message,
+            )
 
     def _trie(self, admissible: Sequence[str]) -> ActionTrie:
         key = tuple(admissible)
@@ -321,7 +339,7 @@ class RolloutEngine:
                     break
                 if not active:
                     continue
-                self._play_turn(active, [active[s:s + chunk] for s in range(0, len(active), chunk)], temp, greedy)
+                self._play_turn(active, [active[s : s + chunk] for s in range(0, len(active), chunk)], temp, greedy)
                 for ep in active:
                     max_turns = cfg.max_turns or ep.pool.max_steps[ep.index]
                     if max_turns is not None and len(ep.traj.turns) >= max_turns and not ep.done:
@@ -334,15 +352,23 @@ class RolloutEngine:
                 self.vllm.sleep()
         return [ep.traj for ep in episodes]
 
-    def _play_turn(self, active: list[_Episode], chunks: list[list[_Episode]], temperature: float, greedy: bool) -> None:
+    def _play_turn(
+        self, active: list[_Episode], chunks: list[list[_Episode]], temperature: float, greedy: bool
+    ) -> None:
         """One turn of every active episode: generate (one call per chunk), parse, step the envs."""
         cfg = self.config
         tok = self.tokenizer
         prompts, responses, logprobs, allowed = [], [], [], []
         for part in chunks:
             part_prompts = build_turn_prompts(
-                tok, cfg, [(ep.info, ep.observation, ep.history, len(ep.traj.turns)) for ep in part], self.max_prompt_tokens)
-            p, r, lp, al = self.generate(part_prompts, temperature, greedy, [ep.info.get("admissible_actions") for ep in part])
+                tok,
+                cfg,
+                [(ep.info, ep.observation, ep.history, len(ep.traj.turns)) for ep in part],
+                self.max_prompt_tokens,
+            )
+            p, r, lp, al = self.generate(
+                part_prompts, temperature, greedy, [ep.info.get("admissible_actions") for ep in part]
+            )
             prompts += p
             responses += r
             logprobs += lp
@@ -350,8 +376,17 @@ class RolloutEngine:
         parsed = []
         for ep, resp in zip(active, responses):
             text = tok.decode(resp, skip_special_tokens=True)
-            parsed.append((text, parse_response(text, ep.info.get("admissible_actions"), require_admissible=cfg.require_admissible,
-                                                require_think=cfg.require_think)))
+            parsed.append(
+                (
+                    text,
+                    parse_response(
+                        text,
+                        ep.info.get("admissible_actions"),
+                        require_admissible=cfg.require_admissible,
+                        require_think=cfg.require_think,
+                    ),
+                )
+            )
         results: dict[int, object] = {}
         for pool in {id(ep.pool): ep.pool for ep in active}.values():
             mine = [k for k, ep in enumerate(active) if ep.pool is pool]
@@ -394,9 +429,15 @@ class RolloutEngine:
             return
         device = next(self.model.parameters()).device
         prompt = torch.tensor([[self.pad_id]], device=device)
-        self.model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                            max_new_tokens=self.config.max_new_tokens,
-                            pad_token_id=self.pad_id, synced_gpus=self.synced_gpus, use_cache=True)
+        self.model.generate(
+            input_ids=prompt,
+            attention_mask=torch.ones_like(prompt),
+            do_sample=False,
+            max_new_tokens=self.config.max_new_tokens,
+            pad_token_id=self.pad_id,
+            synced_gpus=self.synced_gpus,
+            use_cache=True,
+        )
 
     def generate(
         self,
@@ -442,25 +483,31 @@ class RolloutEngine:
         self.stats["generate_s"] += time.perf_counter() - t0
         gen = out.sequences[:, width:].cpu()
         steps = gen.shape[1]
-        lengths = torch.where(recorder.finished_at >= 0, recorder.finished_at + 1, torch.full_like(recorder.finished_at, steps))
+        lengths = torch.where(
+            recorder.finished_at >= 0, recorder.finished_at + 1, torch.full_like(recorder.finished_at, steps)
+        )
         lengths = lengths.clamp(max=steps)
         # Processed scores = logits / T (+ -inf outside the trie): the sampling distribution.
         logprobs = torch.stack(
-            [torch.log_softmax(s.float(), dim=-1).gather(-1, gen[:, i : i + 1].to(s.device)).squeeze(-1).cpu() for i, s in enumerate(out.scores)],
+            [
+                torch.log_softmax(s.float(), dim=-1).gather(-1, gen[:, i : i + 1].to(s.device)).squeeze(-1).cpu()
+                for i, s in enumerate(out.scores)
+            ],
             dim=1,
         )
         responses, lps, prompt_ids = [], [], []
         allowed = constraint.allowed_ids(lengths) if constraint is not None else [None] * batch
         for i in range(batch):
             n = int(lengths[i])
-            prompt_ids.append(input_ids[i, width - len(prompts[i]):].clone())
+            prompt_ids.append(input_ids[i, width - len(prompts[i]) :].clone())
             responses.append(gen[i, :n].clone())
             lps.append(logprobs[i, :n].clone())
         self.stats["generated_tokens"] += int(lengths.sum())
         return prompt_ids, responses, lps, allowed
 
-    def _generate_vllm(self, prompts: list[list[int]], temperature: float, greedy: bool,
-                       admissible: list[Sequence[str] | None] | None):
+    def _generate_vllm(
+        self, prompts: list[list[int]], temperature: float, greedy: bool, admissible: list[Sequence[str] | None] | None
+    ):
         """``generate`` through the vLLM engine: the same four lists. Under constrained decoding
         vLLM masks by the same token trie (``rollout.vllm.constraint: trie``) or restricts the text
         to the choices ``"<action> a </action>"`` (``choice``); each step's allowed ids are read off
@@ -484,8 +531,12 @@ class RolloutEngine:
         if tries is not None:
             allowed = [self._trie_path(trie, toks) for trie, toks in zip(tries, ids)]
         self.stats["generated_tokens"] += sum(len(t) for t in ids)
-        return ([torch.tensor(p, dtype=torch.long) for p in prompts], [torch.tensor(t, dtype=torch.long) for t in ids],
-                [torch.tensor(x, dtype=torch.float32) for x in lps], allowed)
+        return (
+            [torch.tensor(p, dtype=torch.long) for p in prompts],
+            [torch.tensor(t, dtype=torch.long) for t in ids],
+            [torch.tensor(x, dtype=torch.float32) for x in lps],
+            allowed,
+        )
 
     def _trie_path(self, trie: ActionTrie, tokens: Sequence[int]) -> torch.Tensor:
         """``[n, k]`` allowed ids at each of ``tokens``' steps along ``trie`` (-1 padded); the step

@@ -10,7 +10,8 @@ its own rows forwards ``dummy_batch`` so that sharded forwards stay collective.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -37,8 +38,15 @@ class Forward(NamedTuple):
     state: Tensor | None = None
 
 
-def forward(model: nn.Module, batch: TrainBatch, temperature: float, device: torch.device | str = "cpu", *,
-            value_head: nn.Module | None = None, with_state: bool = False) -> Forward:
+def forward(
+    model: nn.Module,
+    batch: TrainBatch,
+    temperature: float,
+    device: torch.device | str = "cpu",
+    *,
+    value_head: nn.Module | None = None,
+    with_state: bool = False,
+) -> Forward:
     """``model``'s log-probs and entropies of ``batch``'s response tokens; with ``value_head`` its
     values, with ``with_state`` the hidden state they read. Only the last ``T + 1`` logits are
     computed (rows are left-padded so that every response ends at the last column)."""
@@ -46,8 +54,14 @@ def forward(model: nn.Module, batch: TrainBatch, temperature: float, device: tor
     attn = batch.attention_mask.to(device)
     window = batch.response_mask.shape[1]
     hidden_needed = value_head is not None or with_state
-    out = model(input_ids=ids, attention_mask=attn, position_ids=positions_from_mask(attn), logits_to_keep=window + 1,
-                use_cache=False, output_hidden_states=hidden_needed)
+    out = model(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=positions_from_mask(attn),
+        logits_to_keep=window + 1,
+        use_cache=False,
+        output_hidden_states=hidden_needed,
+    )
     values = state = None
     if hidden_needed:
         hidden = out.hidden_states[-1]
@@ -60,22 +74,38 @@ def forward(model: nn.Module, batch: TrainBatch, temperature: float, device: tor
     return Forward(torch.where(mask, lp, zero), torch.where(mask, ent, zero), values, state if with_state else None)
 
 
-def dummy_batch(pad_id: int, *, with_ref: bool = False, with_values: bool = False, with_critic_rows: bool = False) -> TrainBatch:
+def dummy_batch(
+    pad_id: int, *, with_ref: bool = False, with_values: bool = False, with_critic_rows: bool = False
+) -> TrainBatch:
     """One two-token row with one response token: what a rank forwards (at weight 0) when another
     rank has more chunks or micro-batches than it has."""
     zero = torch.zeros(1)
     return TrainBatch(
-        input_ids=torch.full((1, 2), pad_id, dtype=torch.long), attention_mask=torch.ones(1, 2, dtype=torch.long),
-        response_mask=torch.ones(1, 1, dtype=torch.bool), behaviour_logprobs=torch.zeros(1, 1),
-        old_logprobs=torch.zeros(1, 1), advantages=zero, returns=zero, clip_scale=torch.ones(1),
-        is_replay=torch.zeros(1, dtype=torch.bool), value_positions=torch.zeros(1, dtype=torch.long),
-        ref_logprobs=torch.zeros(1, 1) if with_ref else None, old_values=zero if with_values else None,
+        input_ids=torch.full((1, 2), pad_id, dtype=torch.long),
+        attention_mask=torch.ones(1, 2, dtype=torch.long),
+        response_mask=torch.ones(1, 1, dtype=torch.bool),
+        behaviour_logprobs=torch.zeros(1, 1),
+        old_logprobs=torch.zeros(1, 1),
+        advantages=zero,
+        returns=zero,
+        clip_scale=torch.ones(1),
+        is_replay=torch.zeros(1, dtype=torch.bool),
+        value_positions=torch.zeros(1, dtype=torch.long),
+        ref_logprobs=torch.zeros(1, 1) if with_ref else None,
+        old_values=zero if with_values else None,
         critic_rows=[[pad_id]] if with_critic_rows else None,
     )
 
 
-def chunked_logprobs(model: nn.Module, batch: TrainBatch, rows: Tensor, temperature: float, chunk_size: int,
-                     dummy: TrainBatch, device: torch.device | str = "cpu") -> Tensor:
+def chunked_logprobs(
+    model: nn.Module,
+    batch: TrainBatch,
+    rows: Tensor,
+    temperature: float,
+    chunk_size: int,
+    dummy: TrainBatch,
+    device: torch.device | str = "cpu",
+) -> Tensor:
     """``[len(rows), T]`` log-probs of ``batch``'s rows ``rows`` under ``model`` (aligned to the
     batch's response window; a chunk's own window may be narrower), ``chunk_size`` rows per forward."""
     chunks = list(rows.split(chunk_size)) if len(rows) else []
@@ -87,7 +117,7 @@ def chunked_logprobs(model: nn.Module, batch: TrainBatch, rows: Tensor, temperat
             forward(model, dummy, temperature, device)
             continue
         lp = forward(model, batch.select(chunk), temperature, device).logprobs.float().cpu()
-        out[start:start + len(chunk), window - lp.shape[1]:] = lp
+        out[start : start + len(chunk), window - lp.shape[1] :] = lp
         start += len(chunk)
     return out
 
@@ -104,9 +134,17 @@ class Scores(NamedTuple):
 
 
 @torch.no_grad()
-def score(policy: nn.Module, batch: TrainBatch, temperature: float, chunk_size: int, dummy: TrainBatch, *,
-          recompute_old: bool = True, reference: contextlib.AbstractContextManager | None = None,
-          device: torch.device | str = "cpu") -> tuple[Scores, dict[str, float]]:
+def score(
+    policy: nn.Module,
+    batch: TrainBatch,
+    temperature: float,
+    chunk_size: int,
+    dummy: TrainBatch,
+    *,
+    recompute_old: bool = True,
+    reference: contextlib.AbstractContextManager | None = None,
+    device: torch.device | str = "cpu",
+) -> tuple[Scores, dict[str, float]]:
     """Old (and reference) log-probs of ``batch`` by no-grad forwards in eval mode, and the
     behaviour/old mismatch of the on-policy rows when old log-probs are recomputed
     (``logprob_mismatch``; empty otherwise). Without ``recompute_old`` only replayed rows are
@@ -127,8 +165,11 @@ def score(policy: nn.Module, batch: TrainBatch, temperature: float, chunk_size: 
         if was_training:
             policy.train()
     on_policy = ~batch.is_replay
-    mismatch = logprob_mismatch(old[on_policy], batch.behaviour_logprobs[on_policy], batch.response_mask[on_policy]) \
-        if recompute_old else {}
+    mismatch = (
+        logprob_mismatch(old[on_policy], batch.behaviour_logprobs[on_policy], batch.response_mask[on_policy])
+        if recompute_old
+        else {}
+    )
     behaviour = torch.where(on_policy[:, None], old, batch.behaviour_logprobs)
     return Scores(old, behaviour, ref_logprobs), mismatch
 
@@ -138,16 +179,23 @@ def logprob_mismatch(old: Tensor, behaviour: Tensor, mask: Tensor) -> dict[str, 
     over the masked response tokens of every rank: ~1e-6 with the hf backend; vLLM's kernels
     differ from the trainer's."""
     delta = (old - behaviour).abs()[mask]
-    merged = merge_over_ranks({"delta": [float(delta.sum()), float(delta.numel()), float(delta.max()) if delta.numel() else 0.0]})
+    merged = merge_over_ranks(
+        {"delta": [float(delta.sum()), float(delta.numel()), float(delta.max()) if delta.numel() else 0.0]}
+    )
     total, count, peak = merged["delta"]
     return {"rollout/logprob_mismatch_max": peak, "rollout/logprob_mismatch_mean": total / max(count, 1.0)}
 
 
 @torch.no_grad()
-def critic_values(value_fn: Callable[[TrainBatch], Tensor], batch: TrainBatch, chunk_size: int, dummy: TrainBatch,
-                  device: torch.device | str = "cpu") -> Tensor:
+def critic_values(
+    value_fn: Callable[[TrainBatch], Tensor],
+    batch: TrainBatch,
+    chunk_size: int,
+    dummy: TrainBatch,
+    device: torch.device | str = "cpu",
+) -> Tensor:
     """V(s) ``[N]`` of every row before the update, ``value_fn(rows) -> [n]`` over chunks of
     ``chunk_size`` rows (lock-step over ranks)."""
     chunks = list(torch.arange(len(batch)).split(chunk_size)) if len(batch) else []
     out = [value_fn(batch.select(c) if c is not None else dummy).cpu() for c in lockstep(chunks, device)]
-    return torch.cat(out[:len(chunks)]) if chunks else torch.zeros(0)
+    return torch.cat(out[: len(chunks)]) if chunks else torch.zeros(0)

@@ -75,12 +75,18 @@ class SFTModule(pl.LightningModule):
         from transformers import AutoTokenizer
 
         if not os.path.isdir(directory):
-            raise FileNotFoundError(f"model.tokenizer_dir: {directory!r} is not a directory; pass the directory the demos' tokenizer was saved in")
-        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=self.policy_cfg.trust_remote_code)
+            raise FileNotFoundError(
+                f"model.tokenizer_dir: {directory!r} is not a directory; pass the directory the demos' tokenizer was saved in"
+            )
+        tokenizer = AutoTokenizer.from_pretrained(
+            directory, local_files_only=True, trust_remote_code=self.policy_cfg.trust_remote_code
+        )
         vocab = self.policy.get_input_embeddings().num_embeddings
         if len(tokenizer) > vocab:
-            raise ValueError(f"model.tokenizer_dir: the tokenizer in {directory!r} has {len(tokenizer)} tokens but the model's "
-                             f"embedding has {vocab} rows; use the tokenizer saved with this model")
+            raise ValueError(
+                f"model.tokenizer_dir: the tokenizer in {directory!r} has {len(tokenizer)} tokens but the model's "
+                f"embedding has {vocab} rows; use the tokenizer saved with this model"
+            )
         return tokenizer
 
     def setup(self, stage: str) -> None:
@@ -88,7 +94,9 @@ class SFTModule(pl.LightningModule):
 
     def configure_optimizers(self):
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=self.optim_cfg.lr, betas=self.optim_cfg.betas, weight_decay=self.optim_cfg.weight_decay)
+        opt = torch.optim.AdamW(
+            params, lr=self.optim_cfg.lr, betas=self.optim_cfg.betas, weight_decay=self.optim_cfg.weight_decay
+        )
         sched = torch.optim.lr_scheduler.LambdaLR(opt, self.optim_cfg.lr_factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
@@ -101,7 +109,9 @@ class SFTModule(pl.LightningModule):
         mask = targets != IGNORE_INDEX
         count = int(mask.sum())
         if count == 0:
-            raise ValueError("SFT batch has no response tokens (every label is -100); check the trajectories' response_ids")
+            raise ValueError(
+                "SFT batch has no response tokens (every label is -100); check the trajectories' response_ids"
+            )
         picked = out.logits[:, :-1][mask].float()  # [M, V]: response positions only, upcast after the gather
         gold = targets[mask]
         loss = F.cross_entropy(picked, gold)

@@ -61,7 +61,15 @@ def turn_to_dict(turn: Turn, tokenizer=None) -> dict[str, Any]:
 def turn_from_dict(data: dict[str, Any]) -> Turn:
     """Inverse of ``turn_to_dict`` (decoded texts are ignored)."""
     kw = {k: v for k, v in data.items() if k in _TURN_FIELDS}
-    missing = {"prompt_ids", "response_ids", "behaviour_logprobs", "action", "valid", "observation", "anchor"} - kw.keys()
+    missing = {
+        "prompt_ids",
+        "response_ids",
+        "behaviour_logprobs",
+        "action",
+        "valid",
+        "observation",
+        "anchor",
+    } - kw.keys()
     if missing:
         raise ValueError(f"turn is missing fields {sorted(missing)}")
     for name, dtype in _TURN_TENSORS.items():
@@ -69,7 +77,11 @@ def turn_from_dict(data: dict[str, Any]) -> Turn:
     if kw.get("allowed_ids") is not None:
         allowed = kw["allowed_ids"]
         # An empty [R, 0] tensor serialises as R empty lists; keep its shape.
-        kw["allowed_ids"] = torch.tensor(allowed, dtype=torch.long) if allowed and allowed[0] else torch.empty((len(allowed), 0), dtype=torch.long)
+        kw["allowed_ids"] = (
+            torch.tensor(allowed, dtype=torch.long)
+            if allowed and allowed[0]
+            else torch.empty((len(allowed), 0), dtype=torch.long)
+        )
     return Turn(**kw)
 
 
@@ -132,8 +144,10 @@ def load_trajectories(path: str) -> list[Trajectory]:
         ValueError: a line is not a valid trajectory (the message names the path and line number).
     """
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"trajectory file {path!r} does not exist; write one with rspo_lightning.trajectory_io.save_trajectories "
-                                f"or `python -m rspo_lightning.trajectory_io expert ... --out {path}`")
+        raise FileNotFoundError(
+            f"trajectory file {path!r} does not exist; write one with rspo_lightning.trajectory_io.save_trajectories "
+            f"or `python -m rspo_lightning.trajectory_io expert ... --out {path}`"
+        )
     out: list[Trajectory] = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -178,14 +192,17 @@ def expert_demonstrations(
     env = make_env(env_id, **(env_kwargs or {}))
     expert = getattr(env.unwrapped, "expert_action", None)
     if expert is None:
-        raise ValueError(f"{env_id} has no expert_action(); expert demonstrations need an embedded env such as rspo/Household-v0")
+        raise ValueError(
+            f"{env_id} has no expert_action(); expert demonstrations need an embedded env such as rspo/Household-v0"
+        )
     max_turns = rollout.max_turns or getattr(env.unwrapped, "max_steps", None) or 1000
     out: list[Trajectory] = []
     for task_id in task_ids:
         task = TaskSpec(env_id, split, int(task_id), group_id=int(task_id))
         obs, info = env.reset(options={"split": split, "task_id": int(task_id)})
-        traj = Trajectory(task=task, task_type=str(info.get("task_type", "")),
-                          initial_progress=float(info.get("progress", 0.0)))
+        traj = Trajectory(
+            task=task, task_type=str(info.get("task_type", "")), initial_progress=float(info.get("progress", 0.0))
+        )
         history: list[HistoryEntry] = []
         while len(traj.turns) < max_turns:
             prompt = build_turn_prompt(tokenizer, rollout, info, obs, history, len(traj.turns))
@@ -196,18 +213,20 @@ def expert_demonstrations(
             valid = not bool(next_info.get("invalid", False))
             if rollout.require_admissible and admissible is not None:
                 valid = valid and action in admissible
-            traj.turns.append(Turn(
-                prompt_ids=torch.tensor(prompt, dtype=torch.long),
-                response_ids=torch.tensor(response, dtype=torch.long),
-                behaviour_logprobs=torch.zeros(len(response), dtype=torch.float32),
-                action=action,
-                valid=valid,
-                observation=obs,
-                anchor=str(info.get("anchor", obs)),
-                outcome_reward=float(reward),
-                privileged=info.get("privileged"),
-                progress=float(next_info.get("progress", 0.0)),
-            ))
+            traj.turns.append(
+                Turn(
+                    prompt_ids=torch.tensor(prompt, dtype=torch.long),
+                    response_ids=torch.tensor(response, dtype=torch.long),
+                    behaviour_logprobs=torch.zeros(len(response), dtype=torch.float32),
+                    action=action,
+                    valid=valid,
+                    observation=obs,
+                    anchor=str(info.get("anchor", obs)),
+                    outcome_reward=float(reward),
+                    privileged=info.get("privileged"),
+                    progress=float(next_info.get("progress", 0.0)),
+                )
+            )
             history.append(HistoryEntry(obs, action))
             obs, info = next_obs, next_info
             traj.success = bool(info.get("won", False))
@@ -275,15 +294,21 @@ def _setup(args: argparse.Namespace):
 
     env = make_env(env_id, **env_kwargs)
     if source == "tiny" and args.command == "rollouts":
-        raise SystemExit("rollouts need a trained policy: --policy-source <HF dir> (e.g. an SFT fit's <log_dir>/hf), "
-                         "a .gguf path or smollm2")
+        raise SystemExit(
+            "rollouts need a trained policy: --policy-source <HF dir> (e.g. an SFT fit's <log_dir>/hf), "
+            "a .gguf path or smollm2"
+        )
     if source == "tiny":
         if not args.save_policy:
-            raise SystemExit("--policy-source tiny builds a new word-level tokenizer; pass --save-policy DIR so SFT and RL "
-                             "load the tokenizer the demos were written with (model.policy.source: DIR)")
+            raise SystemExit(
+                "--policy-source tiny builds a new word-level tokenizer; pass --save-policy DIR so SFT and RL "
+                "load the tokenizer the demos were written with (model.policy.source: DIR)"
+            )
         # The same corpus AgentRLModule.configure_model trains the tiny tokenizer on.
         corpus = env.unwrapped.sample_texts() + template_texts() + [rollout.system_prompt]
-        model, tokenizer = load_policy("tiny", tiny=TinyModelConfig(**tiny_kw), corpus=corpus, save_dir=args.save_policy)
+        model, tokenizer = load_policy(
+            "tiny", tiny=TinyModelConfig(**tiny_kw), corpus=corpus, save_dir=args.save_policy
+        )
     else:
         model, tokenizer = load_policy(source, gguf_file=args.gguf_file)
         if args.save_policy:
@@ -300,12 +325,16 @@ def _setup(args: argparse.Namespace):
 
 def _expert_command(args: argparse.Namespace) -> None:
     env_id, env_kwargs, rollout, model, tokenizer, split, last = _setup(args)
-    trajs = expert_demonstrations(env_id, env_kwargs, split, range(args.start_task, last), tokenizer=tokenizer, rollout=rollout)
+    trajs = expert_demonstrations(
+        env_id, env_kwargs, split, range(args.start_task, last), tokenizer=tokenizer, rollout=rollout
+    )
     n = save_trajectories(args.out, trajs, tokenizer if args.with_text else None, append=args.append)
     turns = sum(len(t.turns) for t in trajs)
     won = sum(t.success for t in trajs)
-    print(f"wrote {n} expert trajectories ({turns} turns, {won} won) of {env_id} {split} tasks "
-          f"{args.start_task}..{last - 1} to {args.out}")
+    print(
+        f"wrote {n} expert trajectories ({turns} turns, {won} won) of {env_id} {split} tasks "
+        f"{args.start_task}..{last - 1} to {args.out}"
+    )
     if args.save_policy:
         print(f"policy + tokenizer in {args.save_policy}: set model.policy.source: {args.save_policy}")
 
@@ -322,27 +351,41 @@ def _rollouts_command(args: argparse.Namespace) -> None:
     trajs = [t for t in trajs if t.env_error is None]
     n = save_trajectories(args.out, trajs, tokenizer if args.with_text else None, append=args.append)
     won = sum(t.success for t in trajs)
-    print(f"wrote {n} rollouts ({sum(len(t.turns) for t in trajs)} turns, {won} won) of {env_id} {split} tasks "
-          f"{args.start_task}..{last - 1} x {args.group_size} to {args.out}")
+    print(
+        f"wrote {n} rollouts ({sum(len(t.turns) for t in trajs)} turns, {won} won) of {env_id} {split} tasks "
+        f"{args.start_task}..{last - 1} x {args.group_size} to {args.out}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rspo_lightning.trajectory_io", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rspo_lightning.trajectory_io", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = argparse.ArgumentParser(add_help=False)  # the options both commands share
-    p.add_argument("--config", help="an rspo-lightning fit YAML: data.env, model.rollout and model.policy.tiny are read "
-                                     "from it (the flags below override)")
+    p.add_argument(
+        "--config",
+        help="an rspo-lightning fit YAML: data.env, model.rollout and model.policy.tiny are read "
+        "from it (the flags below override)",
+    )
     p.add_argument("--env-id", help="gymnasium id (default: the config's, else rspo/Household-v0)")
     p.add_argument("--env-kwargs", help="JSON object of gymnasium.make kwargs (default: the config's data.env.kwargs)")
-    p.add_argument("--rollout", help="JSON object of RolloutConfig fields merged over the config's model.rollout "
-                                     "(template, history_window, system_prompt must match the RL run)")
+    p.add_argument(
+        "--rollout",
+        help="JSON object of RolloutConfig fields merged over the config's model.rollout "
+        "(template, history_window, system_prompt must match the RL run)",
+    )
     p.add_argument("--tiny", help="JSON object of TinyModelConfig fields merged over the config's model.policy.tiny")
     p.add_argument("--split", default="train")
     p.add_argument("--start-task", type=int, default=0, help="first task id")
-    p.add_argument("--num-tasks", type=int, default=200, help="number of consecutive task ids (capped by the split size)")
+    p.add_argument(
+        "--num-tasks", type=int, default=200, help="number of consecutive task ids (capped by the split size)"
+    )
     p.add_argument("--out", required=True, help="output JSONL path")
     p.add_argument("--append", action="store_true", help="append to --out instead of overwriting it")
-    p.add_argument("--policy-source", help="tiny, a HF directory, a .gguf path or smollm2 (default: the config's, else tiny)")
+    p.add_argument(
+        "--policy-source", help="tiny, a HF directory, a .gguf path or smollm2 (default: the config's, else tiny)"
+    )
     p.add_argument("--gguf-file", help="GGUF file name inside --policy-source")
     p.add_argument("--save-policy", help="directory to save the policy + tokenizer in (required for tiny)")
     p.add_argument("--with-text", action="store_true", help="also store decoded prompt/response text per turn")

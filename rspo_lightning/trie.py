@@ -3,7 +3,7 @@ that keeps every generated row on its trie (the vLLM backend's is ``vllm_trie.py
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -32,8 +32,11 @@ class ActionTrie:
             order.extend(node.values())
         width = max(1, max(len(t) for t in tokens))
         self.children, self.child_nodes = (
-            torch.from_numpy(np.array([r + [-1] * (width - len(r)) for r in rows], dtype=np.int64).reshape(len(rows), width))
-            for rows in (tokens, numbers))
+            torch.from_numpy(
+                np.array([r + [-1] * (width - len(r)) for r in rows], dtype=np.int64).reshape(len(rows), width)
+            )
+            for rows in (tokens, numbers)
+        )
 
 
 class TrieConstraint(LogitsProcessor):
@@ -56,8 +59,8 @@ class TrieConstraint(LogitsProcessor):
         for t in distinct:
             n, k = t.children.shape
             offsets[id(t)] = start
-            self.children[start:start + n, :k] = t.children
-            self.child_nodes[start:start + n, :k] = t.child_nodes.where(t.child_nodes < 0, t.child_nodes + start)
+            self.children[start : start + n, :k] = t.children
+            self.child_nodes[start : start + n, :k] = t.child_nodes.where(t.child_nodes < 0, t.child_nodes + start)
             start += n
         leaf = self.children[:, 0] < 0  # complete paths (and the sink): pad, then the sink
         self.children[leaf, 0] = pad_id
@@ -67,7 +70,9 @@ class TrieConstraint(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.children.device != scores.device:
-            self.children, self.child_nodes, self.node = (x.to(scores.device) for x in (self.children, self.child_nodes, self.node))
+            self.children, self.child_nodes, self.node = (
+                x.to(scores.device) for x in (self.children, self.child_nodes, self.node)
+            )
         if input_ids.shape[1] > self.prompt_len:  # follow the token sampled last
             last = input_ids[:, -1:]
             hit = self.children[self.node] == last

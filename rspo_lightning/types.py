@@ -148,10 +148,19 @@ class IterationBatch:
     the frozen ``TaskSpec``). An object of this class passes through them untouched.
     """
 
-    def __init__(self, tasks: list[TaskSpec], group_size: int = 1, replay: list[list[Trajectory]] | None = None,
-                 reward_mode: RewardMode = "outcome", policy_tag: PolicyTag = "A", dense_scale: float = 1.0,
-                 replay_weight: float | None = None, temperature: float | None = None, credit: str = "trajectory",
-                 credit_gamma: float = 0.9):
+    def __init__(
+        self,
+        tasks: list[TaskSpec],
+        group_size: int = 1,
+        replay: list[list[Trajectory]] | None = None,
+        reward_mode: RewardMode = "outcome",
+        policy_tag: PolicyTag = "A",
+        dense_scale: float = 1.0,
+        replay_weight: float | None = None,
+        temperature: float | None = None,
+        credit: str = "trajectory",
+        credit_gamma: float = 0.9,
+    ):
         self.tasks = tasks
         self.group_size = group_size
         self.replay: list[list[Trajectory]] = [] if replay is None else replay
@@ -164,9 +173,11 @@ class IterationBatch:
         self.credit_gamma = credit_gamma
 
     def __repr__(self) -> str:
-        return (f"IterationBatch(tasks={self.tasks!r}, group_size={self.group_size}, replay=<{len(self.replay)} groups>, "
-                f"reward_mode={self.reward_mode!r}, policy_tag={self.policy_tag!r}, dense_scale={self.dense_scale}, "
-                f"replay_weight={self.replay_weight}, temperature={self.temperature}, credit={self.credit!r})")
+        return (
+            f"IterationBatch(tasks={self.tasks!r}, group_size={self.group_size}, replay=<{len(self.replay)} groups>, "
+            f"reward_mode={self.reward_mode!r}, policy_tag={self.policy_tag!r}, dense_scale={self.dense_scale}, "
+            f"replay_weight={self.replay_weight}, temperature={self.temperature}, credit={self.credit!r})"
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, IterationBatch) and vars(self) == vars(other)
@@ -217,7 +228,7 @@ class TrainBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def select(self, index: torch.Tensor) -> "TrainBatch":
+    def select(self, index: torch.Tensor) -> TrainBatch:
         """Rows ``index`` of every tensor (a minibatch), with padding no row needs trimmed off."""
         kw = {}
         for name in self.__dataclass_fields__:

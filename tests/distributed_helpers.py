@@ -46,8 +46,15 @@ class RankSkewProbe(Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         os.makedirs(self.out_dir, exist_ok=True)
         with open(os.path.join(self.out_dir, f"rank{trainer.global_rank}.json"), "w") as f:
-            json.dump({"optimizer_steps": trainer.global_step, "backwards": self.backwards, "turns": self.turns,
-                       "world_size": trainer.world_size}, f)
+            json.dump(
+                {
+                    "optimizer_steps": trainer.global_step,
+                    "backwards": self.backwards,
+                    "turns": self.turns,
+                    "world_size": trainer.world_size,
+                },
+                f,
+            )
 
 
 class TrajectoryRecorder(Callback):

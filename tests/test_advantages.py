@@ -138,9 +138,12 @@ def test_grpo_step_statistics_by_hand():
     # groups 2 and 3: one sample / all samples equal -> 0
     s1 = math.sqrt(0.75)
     expected_std = (
-        [0.75 / (0.5 + EPS)] + [-0.25 / (0.5 + EPS)] * 3
-        + [-0.5 / (s1 + EPS)] * 2 + [1 / (s1 + EPS)]
-        + [0.0] + [0.0] * 3
+        [0.75 / (0.5 + EPS)]
+        + [-0.25 / (0.5 + EPS)] * 3
+        + [-0.5 / (s1 + EPS)] * 2
+        + [1 / (s1 + EPS)]
+        + [0.0]
+        + [0.0] * 3
     )
     check(grpo_advantages(r, ti, gi, tu, episode_stats="steps").advantages, expected_std)
     expected_mean = [0.75, -0.25, -0.25, -0.25, -0.5, -0.5, 1.0, 0.0, 0.0, 0.0, 0.0]
@@ -149,9 +152,7 @@ def test_grpo_step_statistics_by_hand():
     #   deviations (-0.75, 0.75), std sqrt(1.125)
     s0, s1t = math.sqrt(0.5), math.sqrt(1.125)
     expected_traj = (
-        [0.5 / (s0 + EPS)] + [-0.5 / (s0 + EPS)] * 3
-        + [-0.75 / (s1t + EPS)] * 2 + [0.75 / (s1t + EPS)]
-        + [0.0] * 4
+        [0.5 / (s0 + EPS)] + [-0.5 / (s0 + EPS)] * 3 + [-0.75 / (s1t + EPS)] * 2 + [0.75 / (s1t + EPS)] + [0.0] * 4
     )
     check(grpo_advantages(r, ti, gi, tu).advantages, expected_traj)
     check(grpo_advantages(r, ti, gi, tu, episode_stats="trajectory").advantages, expected_traj)
@@ -182,9 +183,7 @@ def test_step_statistics_option_is_validated():
     with pytest.raises(ValueError, match=msg):
         rloo_advantages(r, ti, gi, tu, episode_stats="turns")
     # through the registry, as the module passes algorithm.estimator_kwargs
-    out = compute_advantages(
-        "rloo", rewards=r, traj_index=ti, group_index=gi, turn_index=tu, episode_stats="steps"
-    )
+    out = compute_advantages("rloo", rewards=r, traj_index=ti, group_index=gi, turn_index=tu, episode_stats="steps")
     check(out.advantages, [1.0, -1 / 3, -1 / 3, -1 / 3, -0.75, -0.75, 1.5, 0.0, 0.0, 0.0, 0.0])
 
 
@@ -340,9 +339,7 @@ def test_proxmo_episode_weights_for_known_success_rate():
     # 4 one-turn trajectories, one success: p = 0.25. norm="mean": A^E = (0.75, -0.25 x3).
     r, ti, gi, tu, anchors = flat([(0, t, [1.0 if t == 0 else 0.0], [f"a{t}"]) for t in range(4)])
     success = torch.tensor([True, False, False, False])
-    out = proxmo_advantages(
-        r, ti, gi, tu, anchors=anchors, success=success, norm="mean", omega=0.0
-    ).advantages
+    out = proxmo_advantages(r, ti, gi, tu, anchors=anchors, success=success, norm="mean", omega=0.0).advantages
     w_plus = 1 + BETA * (SIG(0.75**4) - 0.5)
     w_minus = 1 + BETA * (SIG(-(0.25**4)) - 0.5)
     check(out, [0.75 * w_plus, -0.25 * w_minus, -0.25 * w_minus, -0.25 * w_minus])
@@ -364,13 +361,9 @@ def test_proxmo_soft_baseline_identical_and_disjoint_anchors():
     # one group, three one-turn trajectories; anchors "a b", "a b", "c d": S = [[1,1,0],[1,1,0],
     # [0,0,1]]; tau = 0.1 -> exp(S/tau) has entries e^10 and 1.
     # R = (1, 0, 0.5); success (T, F, F) -> p = 1/3.
-    r, ti, gi, tu, anchors = flat(
-        [(0, 0, [1.0], ["a b"]), (0, 1, [0.0], ["a b"]), (0, 2, [0.5], ["c d"])]
-    )
+    r, ti, gi, tu, anchors = flat([(0, 0, [1.0], ["a b"]), (0, 1, [0.0], ["a b"]), (0, 2, [0.5], ["c d"])])
     success = torch.tensor([True, False, False])
-    out = proxmo_advantages(
-        r, ti, gi, tu, anchors=anchors, success=success, norm="mean", tau=0.1
-    ).advantages
+    out = proxmo_advantages(r, ti, gi, tu, anchors=anchors, success=success, norm="mean", tau=0.1).advantages
     e = math.exp(10)
     b01 = (e * 1 + e * 0 + 1 * 0.5) / (2 * e + 1)
     b2 = (1 * 1 + 1 * 0 + e * 0.5) / (e + 2)
@@ -384,9 +377,7 @@ def test_proxmo_soft_baseline_identical_and_disjoint_anchors():
 def test_proxmo_groups_are_separate_and_singletons_zero():
     # group 1 holds a single one-turn trajectory: W = [1], baseline = own return, A^S = 0,
     # and A^E = 0 (a group of one).
-    r, ti, gi, tu, anchors = flat(
-        [(0, 0, [1.0], ["a"]), (0, 1, [0.0], ["b"]), (1, 2, [1.0], ["a"])]
-    )
+    r, ti, gi, tu, anchors = flat([(0, 0, [1.0], ["a"]), (0, 1, [0.0], ["b"]), (1, 2, [1.0], ["a"])])
     out = proxmo_advantages(
         r, ti, gi, tu, anchors=anchors, success=torch.tensor([1, 0, 1]), norm="mean", omega=1.0
     ).advantages
@@ -501,9 +492,7 @@ def test_a2tgpo_mean_norm_changes_only_episode_term():
 def test_registry_and_compute_advantages():
     assert set(ESTIMATORS) == {"grpo", "rloo", "gae", "gigpo", "proxmo", "a2tgpo"}
     r, ti, gi, tu, _ = flat(TWO_GROUPS)
-    out = compute_advantages(
-        "rloo", rewards=r, traj_index=ti, group_index=gi, turn_index=tu
-    )
+    out = compute_advantages("rloo", rewards=r, traj_index=ti, group_index=gi, turn_index=tu)
     assert isinstance(out, AdvantageResult) and out.returns is None and out.clip_scale is None
     check(out.advantages, broadcast([0.75, -0.75, 0.0, 2.0, -2.0], LENGTHS))
     with pytest.raises(ValueError, match="'ppo'.*a2tgpo.*gae.*gigpo.*grpo.*proxmo.*rloo"):
@@ -644,9 +633,18 @@ def check32(actual, expected):
 def _turn(valid=True, reward=0.0, dense=0.0, stored=None, anchor="s"):
     from rspo_lightning.types import Turn
 
-    return Turn(prompt_ids=torch.tensor([1, 2]), response_ids=torch.tensor([3]),
-                behaviour_logprobs=torch.tensor([-1.0]), action="x", valid=valid, observation="o",
-                anchor=anchor, outcome_reward=reward, dense_reward=dense, replay_advantage=stored)
+    return Turn(
+        prompt_ids=torch.tensor([1, 2]),
+        response_ids=torch.tensor([3]),
+        behaviour_logprobs=torch.tensor([-1.0]),
+        action="x",
+        valid=valid,
+        observation="o",
+        anchor=anchor,
+        outcome_reward=reward,
+        dense_reward=dense,
+        replay_advantage=stored,
+    )
 
 
 def _traj(group, turns, source="on_policy"):
@@ -671,8 +669,9 @@ def _penalty_batch():
 def _algo(**kw):
     from rspo_lightning.config import AlgorithmConfig
 
-    return AlgorithmConfig(**{"estimator": "grpo", "estimator_kwargs": {"norm": "mean"},
-                              "invalid_action_penalty": 0.25, **kw})
+    return AlgorithmConfig(
+        **{"estimator": "grpo", "estimator_kwargs": {"norm": "mean"}, "invalid_action_penalty": 0.25, **kw}
+    )
 
 
 def test_turn_advantages_penalty_on_the_advantage():
@@ -757,9 +756,11 @@ def test_outcome_advantages_leave_out_an_advantage_penalty_and_keep_a_reward_one
 
     trajs = _penalty_batch()
     assert outcome_advantages(trajs, _algo(penalty_at="advantage")) == pytest.approx(
-        [0.5, 0.5, 0.5, -0.5, -0.5, 0.0, 0.0, 0.0], abs=1e-12)
+        [0.5, 0.5, 0.5, -0.5, -0.5, 0.0, 0.0, 0.0], abs=1e-12
+    )
     assert outcome_advantages(trajs, _algo(penalty_at="reward")) == pytest.approx(
-        [0.375] * 3 + [-0.375] * 2 + [0.125] + [-0.125] * 2, abs=1e-12)
+        [0.375] * 3 + [-0.375] * 2 + [0.125] + [-0.125] * 2, abs=1e-12
+    )
     assert outcome_advantages(trajs, _algo(estimator="gae", estimator_kwargs={})) is None
     assert outcome_advantages([], _algo()) is None
 
@@ -782,8 +783,9 @@ def test_turn_return_advantages_by_hand():
     # while per-turn credit ranks the turn that reached the subgoal first above the one before it
     assert got[1] > got[0]
     # a group whose returns-to-go are all equal gives 0
-    flat_group = turn_return_advantages(torch.zeros(4), torch.tensor([0, 0, 1, 1]), torch.zeros(4, dtype=torch.long),
-                                        torch.tensor([0, 1, 0, 1]))
+    flat_group = turn_return_advantages(
+        torch.zeros(4), torch.tensor([0, 0, 1, 1]), torch.zeros(4, dtype=torch.long), torch.tensor([0, 1, 0, 1])
+    )
     assert flat_group.advantages.tolist() == [0.0] * 4
 
 
@@ -798,25 +800,47 @@ def test_penalty_at_reward_is_verl_agents_placement_by_hand():
     from rspo_lightning.types import TaskSpec, Trajectory, Turn
 
     def turn(valid, reward, anchor):
-        return Turn(prompt_ids=torch.tensor([1]), response_ids=torch.tensor([2]), behaviour_logprobs=torch.tensor([-1.0]),
-                    action="a", valid=valid, observation="o", anchor=anchor, outcome_reward=reward)
+        return Turn(
+            prompt_ids=torch.tensor([1]),
+            response_ids=torch.tensor([2]),
+            behaviour_logprobs=torch.tensor([-1.0]),
+            action="a",
+            valid=valid,
+            observation="o",
+            anchor=anchor,
+            outcome_reward=reward,
+        )
 
     task = TaskSpec("rspo/Household-v0", "train", 0, 0)
-    trajs = [Trajectory(task=task, turns=[turn(False, 0.0, "s0"), turn(True, 10.0, "w")], success=True),
-             Trajectory(task=task, turns=[turn(True, 0.0, "s0"), turn(False, 0.0, "x")])]
+    trajs = [
+        Trajectory(task=task, turns=[turn(False, 0.0, "s0"), turn(True, 10.0, "w")], success=True),
+        Trajectory(task=task, turns=[turn(True, 0.0, "s0"), turn(False, 0.0, "x")]),
+    ]
     flat = flatten(trajs)
     # scores per step sample: 10 - 0.1, 10, 0, 0 - 0.1; mean 19.8 / 4 = 4.95
-    grpo = AlgorithmConfig(estimator="grpo", penalty_at="reward", invalid_action_penalty=0.1,
-                           estimator_kwargs={"norm": "mean", "episode_stats": "steps"})
+    grpo = AlgorithmConfig(
+        estimator="grpo",
+        penalty_at="reward",
+        invalid_action_penalty=0.1,
+        estimator_kwargs={"norm": "mean", "episode_stats": "steps"},
+    )
     assert turn_advantages(flat, grpo)[0].advantages.tolist() == pytest.approx([4.95, 5.05, -4.95, -5.05])
     # the former placement (penalty inside R(tau): 9.9, 9.9, -0.1, -0.1; mean 4.9) gave 5, 5, -5, -5
     # GiGPO adds the step part: returns-to-go with the penalty in the step's reward, gamma 0.5:
     # trajectory 0: t1 = 10, t0 = -0.1 + 0.5 * 10 = 4.9; trajectory 1: t3 = -0.1, t2 = 0 + 0.5 * -0.1 = -0.05;
     # step group {t0, t2} (anchor s0): mean 2.425 -> +-2.475; the other step groups are singletons (0)
-    gigpo = AlgorithmConfig(estimator="gigpo", penalty_at="reward", invalid_action_penalty=0.1,
-                            estimator_kwargs={"norm": "mean", "episode_stats": "steps", "gamma": 0.5, "omega": 1.0})
+    gigpo = AlgorithmConfig(
+        estimator="gigpo",
+        penalty_at="reward",
+        invalid_action_penalty=0.1,
+        estimator_kwargs={"norm": "mean", "episode_stats": "steps", "gamma": 0.5, "omega": 1.0},
+    )
     assert turn_advantages(flat, gigpo)[0].advantages.tolist() == pytest.approx([7.425, 5.05, -7.425, -5.05])
     # trajectory statistics have no verl-agent counterpart: the penalty stays inside R(tau) there
-    traj_stats = AlgorithmConfig(estimator="grpo", penalty_at="reward", invalid_action_penalty=0.1,
-                                 estimator_kwargs={"norm": "mean", "episode_stats": "trajectory"})
+    traj_stats = AlgorithmConfig(
+        estimator="grpo",
+        penalty_at="reward",
+        invalid_action_penalty=0.1,
+        estimator_kwargs={"norm": "mean", "episode_stats": "trajectory"},
+    )
     assert turn_advantages(flat, traj_stats)[0].advantages.tolist() == pytest.approx([5.0, 5.0, -5.0, -5.0])

@@ -40,12 +40,12 @@ from rspo_lightning.envs.base import NOTHING_HAPPENS
 ENV_ID = "rspo/ALFWorld-v0"
 ENTRY_POINT = "rspo_lightning.envs.alfworld_env:ALFWorld"
 FIXTURES = Path(__file__).parent / "fixtures" / "alfworld" / "json_2.1.1"
-INFO_KEYS = {"task", "task_type", "admissible_actions", "anchor", "privileged", "won", "score",
-             "progress", "invalid"}
+INFO_KEYS = {"task", "task_type", "admissible_actions", "anchor", "privileged", "won", "score", "progress", "invalid"}
 # Not pytest.importorskip: importing alfworld with ALFWORLD_DATA unset creates ~/.cache/alfworld.
 HAVE_ALFWORLD = importlib.util.find_spec("alfworld") is not None
-needs_alfworld = pytest.mark.skipif(not HAVE_ALFWORLD, reason="ALFWorld adapter tests need the alfworld package: "
-                                                              "pip install 'rspo_lightning[alfworld]'")
+needs_alfworld = pytest.mark.skipif(
+    not HAVE_ALFWORLD, reason="ALFWorld adapter tests need the alfworld package: pip install 'rspo_lightning[alfworld]'"
+)
 
 # The three fixture games: (split, task type, instruction text, the receptacles in the room).
 CLEAN = ("valid_seen", "pick_clean_then_place_in_recep")
@@ -64,10 +64,25 @@ def data_dir(tmp_path_factory) -> Path:
     script = str(script) if script.is_file() else shutil.which("alfworld-generate")
     assert script, "alfworld-generate (installed with alfworld) is not on PATH"
     # --end: the script's default -1 slices off the last game; the planner expert is deterministic.
-    cmd = [sys.executable, script, "--data_path", str(FIXTURES), "--save_path", str(root / "json_2.1.1"),
-           "--domain", str(package / "data" / "alfred.pddl"), "--grammar", str(package / "data" / "alfred.twl2"),
-           "--expert_type", "planner", "--end", "1000000"]
-    done = subprocess.run(cmd, env={**os.environ, "ALFWORLD_DATA": str(root)}, capture_output=True, text=True, timeout=300)
+    cmd = [
+        sys.executable,
+        script,
+        "--data_path",
+        str(FIXTURES),
+        "--save_path",
+        str(root / "json_2.1.1"),
+        "--domain",
+        str(package / "data" / "alfred.pddl"),
+        "--grammar",
+        str(package / "data" / "alfred.twl2"),
+        "--expert_type",
+        "planner",
+        "--end",
+        "1000000",
+    ]
+    done = subprocess.run(
+        cmd, env={**os.environ, "ALFWORLD_DATA": str(root)}, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(list(root.glob("json_2.1.1/*/*/*/game.tw-pddl"))) == 3, done.stdout + done.stderr
     return root
@@ -113,16 +128,23 @@ def fake_layout(tmp_path) -> tuple[Path, dict[str, str]]:
     games = {
         "b": _fake_game(tmp_path, "train/pick_two_obj_and_place-Pen-None-Desk-1/trial_b", "pick_two_obj_and_place"),
         "a": _fake_game(tmp_path, "train/pick_and_place_simple-Pen-None-Desk-1/trial_a", "pick_and_place_simple"),
-        "unsolvable": _fake_game(tmp_path, "train/pick_and_place_simple-Cup-None-Desk-1/trial_u",
-                                 "pick_and_place_simple", solvable=False),
-        "no_game": _fake_game(tmp_path, "train/pick_and_place_simple-Cd-None-Desk-1/trial_n",
-                              "pick_and_place_simple", game_file=False),
-        "movable": _fake_game(tmp_path, "train/pick_and_place_with_movable_recep-Pen-Bowl-Desk-1/trial_m",
-                              "pick_and_place_with_movable_recep"),
-        "sliced": _fake_game(tmp_path, "train/pick_and_place_simple-AppleSliced-None-Desk-1/trial_s",
-                             "pick_and_place_simple"),
-        "seen": _fake_game(tmp_path, "valid_seen/look_at_obj_in_light-Pen-None-DeskLamp-1/trial_v",
-                           "look_at_obj_in_light"),
+        "unsolvable": _fake_game(
+            tmp_path, "train/pick_and_place_simple-Cup-None-Desk-1/trial_u", "pick_and_place_simple", solvable=False
+        ),
+        "no_game": _fake_game(
+            tmp_path, "train/pick_and_place_simple-Cd-None-Desk-1/trial_n", "pick_and_place_simple", game_file=False
+        ),
+        "movable": _fake_game(
+            tmp_path,
+            "train/pick_and_place_with_movable_recep-Pen-Bowl-Desk-1/trial_m",
+            "pick_and_place_with_movable_recep",
+        ),
+        "sliced": _fake_game(
+            tmp_path, "train/pick_and_place_simple-AppleSliced-None-Desk-1/trial_s", "pick_and_place_simple"
+        ),
+        "seen": _fake_game(
+            tmp_path, "valid_seen/look_at_obj_in_light-Pen-None-DeskLamp-1/trial_v", "look_at_obj_in_light"
+        ),
     }
     return tmp_path, games
 
@@ -131,7 +153,10 @@ def test_find_games_applies_alfredtwenv_rules_and_sorts(fake_layout):
     root, games = fake_layout
     found = find_games(str(root / "json_2.1.1" / "train"), TASK_TYPES)
     # sorted by path: pick_and_place_simple-Pen < pick_two_obj_and_place-Pen
-    assert found == (AlfworldGame(games["a"], "pick_and_place_simple"), AlfworldGame(games["b"], "pick_two_obj_and_place"))
+    assert found == (
+        AlfworldGame(games["a"], "pick_and_place_simple"),
+        AlfworldGame(games["b"], "pick_two_obj_and_place"),
+    )
     assert find_games(str(root / "json_2.1.1" / "train"), ("pick_two_obj_and_place",)) == found[1:]
     assert find_games(str(root / "json_2.1.1" / "nowhere"), TASK_TYPES) == ()
 
@@ -140,7 +165,9 @@ def test_task_type_names_and_kwarg_validation(fake_layout):
     root, _ = fake_layout
     assert canonical_task_types(None) == TASK_TYPES
     assert canonical_task_types(["pick_cool_then_place", "look_at_obj_in_light"]) == (
-        "look_at_obj_in_light", "pick_cool_then_place_in_recep")  # Household names accepted
+        "look_at_obj_in_light",
+        "pick_cool_then_place_in_recep",
+    )  # Household names accepted
     with pytest.raises(ValueError, match="unknown task types"):
         canonical_task_types(["pick_and_juggle"])
     with pytest.raises(ValueError, match="non-empty list"):
@@ -195,11 +222,21 @@ def test_game_list_matches_alfredtwenv(data_dir, fake_layout):
     from alfworld.agents.environment.alfred_tw_env import AlfredTWEnv
 
     for root in (data_dir, fake_layout[0]):
-        config = {"env": {"goal_desc_human_anns_prob": 0, "task_types": [1, 2, 3, 4, 5, 6]},
-                  "dataset": {"data_path": f"{root}/json_2.1.1/train", "eval_id_data_path": f"{root}/json_2.1.1/valid_seen",
-                              "eval_ood_data_path": f"{root}/json_2.1.1/valid_unseen", "num_train_games": -1, "num_eval_games": -1}}
-        for split, train_eval in (("train", "train"), ("valid_seen", "eval_in_distribution"),
-                                  ("valid_unseen", "eval_out_of_distribution")):
+        config = {
+            "env": {"goal_desc_human_anns_prob": 0, "task_types": [1, 2, 3, 4, 5, 6]},
+            "dataset": {
+                "data_path": f"{root}/json_2.1.1/train",
+                "eval_id_data_path": f"{root}/json_2.1.1/valid_seen",
+                "eval_ood_data_path": f"{root}/json_2.1.1/valid_unseen",
+                "num_train_games": -1,
+                "num_eval_games": -1,
+            },
+        }
+        for split, train_eval in (
+            ("train", "train"),
+            ("valid_seen", "eval_in_distribution"),
+            ("valid_unseen", "eval_out_of_distribution"),
+        ):
             theirs = sorted(AlfredTWEnv(config, train_eval=train_eval).game_files)
             ours = [g.path for g in find_games(f"{root}/json_2.1.1/{split}", TASK_TYPES)]
             assert ours == theirs, (root, split)
@@ -210,17 +247,33 @@ def test_reset_shows_the_alfworld_intro_and_sets_alfworld_data(env, data_dir):
     assert os.environ["ALFWORLD_DATA"] == str(data_dir)
     obs, info = env.reset()  # the default split is the split kwarg: valid_seen
     assert set(info) == INFO_KEYS
-    assert obs == ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around "
-                   "you, you see a cabinet 2, a cabinet 1, a countertop 1, a fridge 1, a microwave 1, and a sinkbasin 1."
-                   f"\n\nYour task is to: {info['task']}")
+    assert obs == (
+        "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around "
+        "you, you see a cabinet 2, a cabinet 1, a countertop 1, a fridge 1, a microwave 1, and a sinkbasin 1."
+        f"\n\nYour task is to: {info['task']}"
+    )
     assert info["task"] in ("put a clean apple in fridge.", "clean some apple and put it in fridge.")
     assert info["task_type"] == "pick_clean_then_place_in_recep" and not info["won"] and not info["invalid"]
-    assert info["admissible_actions"] == ["go to cabinet 1", "go to cabinet 2", "go to countertop 1", "go to fridge 1",
-                                          "go to microwave 1", "go to sinkbasin 1", "inventory", "look"]  # no "help"
+    assert info["admissible_actions"] == [
+        "go to cabinet 1",
+        "go to cabinet 2",
+        "go to countertop 1",
+        "go to fridge 1",
+        "go to microwave 1",
+        "go to sinkbasin 1",
+        "inventory",
+        "look",
+    ]  # no "help"
     assert info["privileged"].splitlines()[1:] == [
-        "You are at the middle of the room.", "You are holding nothing.", "cabinet 1 (closed): nothing",
-        "cabinet 2 (closed): mug 1", "countertop 1: apple 1", "fridge 1 (closed): tomato 1",
-        "microwave 1 (closed): nothing", "sinkbasin 1: nothing"]
+        "You are at the middle of the room.",
+        "You are holding nothing.",
+        "cabinet 1 (closed): nothing",
+        "cabinet 2 (closed): mug 1",
+        "countertop 1: apple 1",
+        "fridge 1 (closed): tomato 1",
+        "microwave 1 (closed): nothing",
+        "sinkbasin 1: nothing",
+    ]
 
 
 @needs_alfworld
@@ -354,11 +407,19 @@ def test_rollout_engine_plays_alfworld_with_constrained_decoding(data_dir, tmp_p
     env = make_env(ENV_ID, **kwargs)
     corpus = env.unwrapped.sample_texts(num_tasks=1) + template_texts()
     env.close()
-    model, tok = load_policy("tiny", corpus=corpus, save_dir=str(tmp_path),
-                             tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
+    model, tok = load_policy(
+        "tiny",
+        corpus=corpus,
+        save_dir=str(tmp_path),
+        tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
+    )
     torch.manual_seed(0)
-    engine = RolloutEngine(model, tok, RolloutConfig(constrained_decoding=True, max_new_tokens=40,
-                                                     template="compact", history_window=1), kwargs)
+    engine = RolloutEngine(
+        model,
+        tok,
+        RolloutConfig(constrained_decoding=True, max_new_tokens=40, template="compact", history_window=1),
+        kwargs,
+    )
     tasks = [TaskSpec(ENV_ID, split, 0, group_id=i) for i, split in enumerate(["valid_seen", "valid_unseen"])]
     trajectories = engine.collect(tasks, 2)
     assert len(trajectories) == 4 and engine.env_errors == 0

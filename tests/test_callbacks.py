@@ -9,8 +9,15 @@ from rspo_lightning.types import TaskSpec, Trajectory, Turn
 
 
 def _traj(observation, action):
-    turn = Turn(prompt_ids=torch.tensor([1, 2]), response_ids=torch.tensor([3]), behaviour_logprobs=torch.tensor([-0.1]),
-                action=action, valid=False, observation=observation, anchor="a")
+    turn = Turn(
+        prompt_ids=torch.tensor([1, 2]),
+        response_ids=torch.tensor([3]),
+        behaviour_logprobs=torch.tensor([-0.1]),
+        action=action,
+        valid=False,
+        observation=observation,
+        anchor="a",
+    )
     return Trajectory(task=TaskSpec("rspo/Household-v0", "train", 7), turns=[turn], task_type="pick_and_place")
 
 
@@ -69,7 +76,11 @@ def test_writes_every_n_iterations_successes_first():
     ok.success = True
     for it in range(1, 6):
         cb.on_train_batch_end(trainer, _Module(it, [bad, ok]), None, None, it)
-    assert trainer.logger.experiment.texts == [("transcripts/episode_0", 1), ("transcripts/episode_0", 3), ("transcripts/episode_0", 5)]
+    assert trainer.logger.experiment.texts == [
+        ("transcripts/episode_0", 1),
+        ("transcripts/episode_0", 3),
+        ("transcripts/episode_0", 5),
+    ]
 
 
 def test_a_fit_with_csvlogger_writes_every_series_and_transcripts_as_files(tmp_path):
@@ -80,18 +91,43 @@ def test_a_fit_with_csvlogger_writes_every_series_and_transcripts_as_files(tmp_p
     from rspo_lightning.cli import main
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    main(["fit", "--config", os.path.join(root, "configs", "compare", "grpo_rspo.yaml"), "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
-          f"--trainer.logger.init_args.save_dir={tmp_path}", "--trainer.logger.init_args.name=csv",
-          f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=1", "--trainer.callbacks.k=1",
-          "--data.iterations_per_epoch=3", "--data.groups_per_iteration=2", "--data.group_size=2", "--data.num_val_tasks=2",
-          "--transcripts.every_n_iterations=1", "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false",
-          "--model.policy.tiny.hidden_size=32", "--model.policy.tiny.intermediate_size=64", "--model.policy.tiny.num_layers=1",
-          "--data.env.kwargs.max_steps=4"])
+    main(
+        [
+            "fit",
+            "--config",
+            os.path.join(root, "configs", "compare", "grpo_rspo.yaml"),
+            "--trainer.logger=lightning.pytorch.loggers.CSVLogger",
+            f"--trainer.logger.init_args.save_dir={tmp_path}",
+            "--trainer.logger.init_args.name=csv",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.max_epochs=1",
+            "--trainer.callbacks.k=1",
+            "--data.iterations_per_epoch=3",
+            "--data.groups_per_iteration=2",
+            "--data.group_size=2",
+            "--data.num_val_tasks=2",
+            "--transcripts.every_n_iterations=1",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_checkpointing=false",
+            "--model.policy.tiny.hidden_size=32",
+            "--model.policy.tiny.intermediate_size=64",
+            "--model.policy.tiny.num_layers=1",
+            "--data.env.kwargs.max_steps=4",
+        ]
+    )
     run = tmp_path / "csv" / "version_0"
     rows = list(csv.DictReader(open(run / "metrics.csv")))
     keys = {k for r in rows for k, v in r.items() if v != ""}
-    for key in ("rollout/success_rate", "train/policy_loss", "rspo/phase", "rspo/buffer_size", "val/success_rate",
-                "val_unseen/success_rate", "rollout_b0/success_rate", "rollout_collect/progress"):
+    for key in (
+        "rollout/success_rate",
+        "train/policy_loss",
+        "rspo/phase",
+        "rspo/buffer_size",
+        "val/success_rate",
+        "val_unseen/success_rate",
+        "rollout_b0/success_rate",
+        "rollout_collect/progress",
+    ):
         assert key in keys, key
     phases = [float(r["rspo/phase"]) for r in rows if r.get("rspo/phase")]
     assert phases == [0.0, 1.0, 2.0]  # one point per iteration: explore, collect, exploit

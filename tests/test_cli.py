@@ -12,19 +12,30 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_ARGS = [
     "fit",
-    "--config", os.path.join(ROOT, "configs", "quickstart.yaml"),
-    "--trainer.max_epochs", "1",
-    "--data.iterations_per_epoch", "2",
-    "--data.groups_per_iteration", "4",
-    "--data.group_size", "2",
-    "--data.num_val_tasks", "4",
-    "--data.env.kwargs", '{"task_types": ["pick_and_place"], "num_receptacles": 6, "max_steps": 4}',
-    "--model.policy.tiny.hidden_size", "32",
-    "--model.policy.tiny.intermediate_size", "64",
+    "--config",
+    os.path.join(ROOT, "configs", "quickstart.yaml"),
+    "--trainer.max_epochs",
+    "1",
+    "--data.iterations_per_epoch",
+    "2",
+    "--data.groups_per_iteration",
+    "4",
+    "--data.group_size",
+    "2",
+    "--data.num_val_tasks",
+    "4",
+    "--data.env.kwargs",
+    '{"task_types": ["pick_and_place"], "num_receptacles": 6, "max_steps": 4}',
+    "--model.policy.tiny.hidden_size",
+    "32",
+    "--model.policy.tiny.intermediate_size",
+    "64",
     # free generation: a random tiny model emits invalid actions, whose penalty guarantees a
     # non-zero advantage (with constrained decoding and no success every advantage could be 0)
-    "--model.rollout.constrained_decoding", "false",
-    "--model.rollout.max_new_tokens", "6",
+    "--model.rollout.constrained_decoding",
+    "false",
+    "--model.rollout.max_new_tokens",
+    "6",
 ]
 
 
@@ -45,16 +56,34 @@ def _scalars(event_dir):
 
 def test_fit_writes_metrics_and_changes_weights(tmp_path):
     ckpt_dir = tmp_path / "ckpt"
-    proc = _run([*TINY_ARGS, "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
-                 "--trainer.callbacks+=ModelCheckpoint", f"--trainer.callbacks.dirpath={ckpt_dir}",
-                 "--trainer.callbacks.save_last=true"], cwd=tmp_path)
+    proc = _run(
+        [
+            *TINY_ARGS,
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path / "runs"),
+            "--trainer.callbacks+=ModelCheckpoint",
+            f"--trainer.callbacks.dirpath={ckpt_dir}",
+            "--trainer.callbacks.save_last=true",
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    event_dirs = {os.path.dirname(p) for p in glob.glob(str(tmp_path / "runs" / "**" / "events.out.tfevents*"), recursive=True)}
+    event_dirs = {
+        os.path.dirname(p) for p in glob.glob(str(tmp_path / "runs" / "**" / "events.out.tfevents*"), recursive=True)
+    }
     assert len(event_dirs) == 1
     acc = _scalars(event_dirs.pop())
     tags = set(acc.Tags()["scalars"])
-    for tag in ["rollout/success_rate", "train/policy_loss", "train/entropy", "perf/rollout_tokens_per_s",
-                "perf/update_tokens_per_s", "rollout/invalid_rate", "val/success_rate", "val_unseen/success_rate"]:
+    for tag in [
+        "rollout/success_rate",
+        "train/policy_loss",
+        "train/entropy",
+        "perf/rollout_tokens_per_s",
+        "perf/update_tokens_per_s",
+        "rollout/invalid_rate",
+        "val/success_rate",
+        "val_unseen/success_rate",
+    ]:
         assert tag in tags, (tag, sorted(tags))
     # two iterations logged, at steps 1 and 2 (the x-axis is the RL iteration)
     assert [e.step for e in acc.Scalars("rollout/success_rate")] == [1, 2]
@@ -70,8 +99,10 @@ def test_fit_writes_metrics_and_changes_weights(tmp_path):
     from rspo_lightning.module import AgentRLModule
     from rspo_lightning.policy import TinyModelConfig
 
-    fresh = AgentRLModule(policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, intermediate_size=64)),
-                          env=EnvConfig(kwargs={"task_types": ["pick_and_place"], "num_receptacles": 6, "max_steps": 4}))
+    fresh = AgentRLModule(
+        policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, intermediate_size=64)),
+        env=EnvConfig(kwargs={"task_types": ["pick_and_place"], "num_receptacles": 6, "max_steps": 4}),
+    )
     fresh.configure_model()
     initial = fresh.state_dict()
     assert set(initial) == set(k for k in trained if k in initial)
@@ -84,12 +115,31 @@ def test_fit_writes_metrics_and_changes_weights(tmp_path):
     from rspo_lightning.trajectory_io import load_trajectories
 
     out = tmp_path / "episodes.jsonl"
-    proc = _run(["predict", *TINY_ARGS[1:], "--ckpt_path", str(ckpt_dir / "last.ckpt"), "--data.val_splits", "[valid_unseen]",
-                 "--model.predict_path", str(out), "--trainer.logger", "false"], cwd=tmp_path)
+    proc = _run(
+        [
+            "predict",
+            *TINY_ARGS[1:],
+            "--ckpt_path",
+            str(ckpt_dir / "last.ckpt"),
+            "--data.val_splits",
+            "[valid_unseen]",
+            "--model.predict_path",
+            str(out),
+            "--trainer.logger",
+            "false",
+        ],
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "predict valid_unseen: 4 episodes, success rate" in proc.stdout and ", score " in proc.stdout and str(out) in proc.stdout
+    assert (
+        "predict valid_unseen: 4 episodes, success rate" in proc.stdout
+        and ", score " in proc.stdout
+        and str(out) in proc.stdout
+    )
     episodes = load_trajectories(str(out))
-    assert sorted(t.task.task_id for t in episodes) == [0, 1, 2, 3] and {t.task.split for t in episodes} == {"valid_unseen"}
+    assert sorted(t.task.task_id for t in episodes) == [0, 1, 2, 3] and {t.task.split for t in episodes} == {
+        "valid_unseen"
+    }
     first = json.loads(out.read_text().splitlines()[0])
     assert first["turns"] and all(turn["response_text"] and turn["prompt_text"] for turn in first["turns"])
 
@@ -98,10 +148,18 @@ def test_help_documents_every_argument():
     proc = _run(["fit", "--help"], cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
-    for arg in ["--model.algorithm.estimator", "--model.algorithm.ppo_epochs", "--model.rollout.constrained_decoding",
-                "--model.policy.source", "--model.optim.lr", "--model.val_temperature",
-                "--data.groups_per_iteration", "--data.group_size", "--data.env.env_id",
-                "--transcripts.every_n_iterations"]:
+    for arg in [
+        "--model.algorithm.estimator",
+        "--model.algorithm.ppo_epochs",
+        "--model.rollout.constrained_decoding",
+        "--model.policy.source",
+        "--model.optim.lr",
+        "--model.val_temperature",
+        "--data.groups_per_iteration",
+        "--data.group_size",
+        "--data.env.env_id",
+        "--transcripts.every_n_iterations",
+    ]:
         assert arg in out, arg
     # docstrings reach the help text
     assert "advantage estimator" in out
@@ -129,7 +187,10 @@ def test_naming_another_class_switches_to_subclass_mode(tmp_path):
 
 
 def test_a_mistyped_key_suggests_the_nearest_one_in_a_few_lines(tmp_path):
-    out = _run(["fit", "--config", os.path.join(ROOT, "configs", "quickstart.yaml"), "--model.algoritm.estimator", "grpo"], tmp_path)
+    out = _run(
+        ["fit", "--config", os.path.join(ROOT, "configs", "quickstart.yaml"), "--model.algoritm.estimator", "grpo"],
+        tmp_path,
+    )
     assert out.returncode == 2
     assert "did you mean 'model.algorithm.estimator'" in out.stderr and "rspo-lightning fit --help" in out.stderr
     assert len(out.stderr.strip().splitlines()) <= 5  # not the full usage
@@ -153,8 +214,16 @@ def test_test_plays_the_test_split_where_the_env_has_one():
     shop = AgentDataModule(env=EnvConfig(env_id="rspo/Shop-v0"), val_splits=["valid"])
     household = AgentDataModule(env=EnvConfig(), val_splits=["valid_seen", "valid_unseen"])
     assert shop.test_splits() == ["test"] and household.test_splits() == ["valid_seen", "valid_unseen"]
-    assert [AgentRLModule.metric_prefix(s, "test") for s in ("test", "valid_seen", "valid_unseen")] == ["test", "test", "test_unseen"]
-    assert [AgentRLModule.metric_prefix(s, "val") for s in ("valid", "valid_seen", "valid_unseen")] == ["val", "val", "val_unseen"]
+    assert [AgentRLModule.metric_prefix(s, "test") for s in ("test", "valid_seen", "valid_unseen")] == [
+        "test",
+        "test",
+        "test_unseen",
+    ]
+    assert [AgentRLModule.metric_prefix(s, "val") for s in ("valid", "valid_seen", "valid_unseen")] == [
+        "val",
+        "val",
+        "val_unseen",
+    ]
 
 
 def test_the_env_is_set_once_in_data_env_and_reaches_the_module(tmp_path):
@@ -166,17 +235,46 @@ def test_the_env_is_set_once_in_data_env_and_reaches_the_module(tmp_path):
     from rspo_lightning.datamodules import AgentDataModule
     from rspo_lightning.module import AgentRLModule
 
-    args = ["--config", os.path.join(ROOT, "configs", "quickstart.yaml"), "--data.env.kwargs.max_steps", "3",
-            "--trainer.logger", "false"]
+    args = [
+        "--config",
+        os.path.join(ROOT, "configs", "quickstart.yaml"),
+        "--data.env.kwargs.max_steps",
+        "3",
+        "--trainer.logger",
+        "false",
+    ]
     cli = AgentCLI(AgentRLModule, AgentDataModule, run=False, args=args, auto_configure_optimizers=False)
     assert cli.model.env_cfg == cli.datamodule.env
     assert cli.model.env_cfg.env_id == "rspo/Household-v0" and cli.model.env_cfg.kwargs["max_steps"] == 3
-    out = _run(["fit", "--config", os.path.join(ROOT, "configs", "quickstart.yaml"), "--model.env.env_id", "x",
-                "--print_config"], tmp_path)
+    out = _run(
+        [
+            "fit",
+            "--config",
+            os.path.join(ROOT, "configs", "quickstart.yaml"),
+            "--model.env.env_id",
+            "x",
+            "--print_config",
+        ],
+        tmp_path,
+    )
     assert out.returncode != 0 and "data.env.env_id" in out.stderr  # the error points at the one place to set it
     # naming the classes (subclass mode, no parser link): an unset model.env still gets the datamodule's
-    cli = AgentCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, run=False,
-                   auto_configure_optimizers=False,
-                   args=["--model", "rspo_lightning.module.AgentRLModule", "--data", "rspo_lightning.datamodules.AgentDataModule",
-                         "--data.env.kwargs", '{"max_steps": 2}', "--trainer.logger", "false"])
+    cli = AgentCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        run=False,
+        auto_configure_optimizers=False,
+        args=[
+            "--model",
+            "rspo_lightning.module.AgentRLModule",
+            "--data",
+            "rspo_lightning.datamodules.AgentDataModule",
+            "--data.env.kwargs",
+            '{"max_steps": 2}',
+            "--trainer.logger",
+            "false",
+        ],
+    )
     assert cli.model.env_cfg == cli.datamodule.env and cli.model.env_cfg.kwargs == {"max_steps": 2}

@@ -13,13 +13,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(
     [os.path.join(ROOT, "configs", "quickstart.yaml")]
     + glob.glob(os.path.join(ROOT, "configs", "compare", "*.yaml"))
-    + [p for p in glob.glob(os.path.join(ROOT, "configs", "household", "*.yaml")) if not p.endswith(("sft.yaml", "prm.yaml", "_from_sft.yaml"))]
-    + [p for env in ("shop", "textworld", "alfworld", "webshop") for p in glob.glob(os.path.join(ROOT, "configs", env, "*.yaml"))
-       if not p.endswith("prm.yaml")]
+    + [
+        p
+        for p in glob.glob(os.path.join(ROOT, "configs", "household", "*.yaml"))
+        if not p.endswith(("sft.yaml", "prm.yaml", "_from_sft.yaml"))
+    ]
+    + [
+        p
+        for env in ("shop", "textworld", "alfworld", "webshop")
+        for p in glob.glob(os.path.join(ROOT, "configs", env, "*.yaml"))
+        if not p.endswith("prm.yaml")
+    ]
 )
 #: The env each per-env config folder must play.
-ENV_OF_FOLDER = {"shop": "rspo/Shop-v0", "textworld": "rspo/TextWorld-v0", "alfworld": "rspo/ALFWorld-v0",
-                 "webshop": "rspo/WebShop-v0"}
+ENV_OF_FOLDER = {
+    "shop": "rspo/Shop-v0",
+    "textworld": "rspo/TextWorld-v0",
+    "alfworld": "rspo/ALFWorld-v0",
+    "webshop": "rspo/WebShop-v0",
+}
 
 
 def _stub_env_data(folder: str, path: str, tmp_path, monkeypatch) -> None:
@@ -46,7 +58,9 @@ def _stub_env_data(folder: str, path: str, tmp_path, monkeypatch) -> None:
     elif folder == "webshop":  # WebShop is not pip-installable: a text env with 12,087 goals (its human instructions)
         from rspo_lightning.envs import webshop_env
 
-        stub = types.SimpleNamespace(server=types.SimpleNamespace(goals=[{}] * 12087, user_sessions={}), close=lambda: None)
+        stub = types.SimpleNamespace(
+            server=types.SimpleNamespace(goals=[{}] * 12087, user_sessions={}), close=lambda: None
+        )
         monkeypatch.setattr(webshop_env, "make_text_env", lambda *args, **kwargs: stub)
 
 
@@ -59,17 +73,29 @@ def test_config_instantiates(path, tmp_path, monkeypatch):
     folder = os.path.basename(os.path.dirname(path))
     _stub_env_data(folder, path, tmp_path, monkeypatch)
 
-    args = ["--config", path, "--trainer.accelerator", "cpu", "--trainer.precision", "32-true",
-            "--trainer.logger.init_args.save_dir", str(tmp_path)]
+    args = [
+        "--config",
+        path,
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.precision",
+        "32-true",
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+    ]
     dense = (yaml.safe_load(open(path)).get("model") or {}).get("dense_reward") or {}
     if dense.get("class_path", "").endswith("ProcessRewardModelReward"):
         # the learned process reward's path is the value the user sets: unset, startup names the key and the fix
         assert dense["init_args"]["model"].startswith("/path/to/")
-        with pytest.raises((FileNotFoundError, ValueError), match=r"--model.dense_reward.init_args.model.*configs/<env>/prm.yaml"):
+        with pytest.raises(
+            (FileNotFoundError, ValueError), match=r"--model.dense_reward.init_args.model.*configs/<env>/prm.yaml"
+        ):
             AgentCLI(AgentRLModule, AgentDataModule, run=False, args=args, auto_configure_optimizers=False)
         args += ["--model.dense_reward=rspo_lightning.rewards.EnvProgressReward"]
     cli = AgentCLI(AgentRLModule, AgentDataModule, run=False, args=args, auto_configure_optimizers=False)
-    name = os.path.basename(path)[: -len(".yaml")].removesuffix("_paper")  # grpo_rspo_paper: RSPO with the paper's settings
+    name = os.path.basename(path)[: -len(".yaml")].removesuffix(
+        "_paper"
+    )  # grpo_rspo_paper: RSPO with the paper's settings
     if name.endswith("_rspo"):
         from rspo_lightning.callbacks import RSPOLoop
 
@@ -97,16 +123,23 @@ def test_trainer_preset_combines_with_a_config(tmp_path):
     from rspo_lightning.datamodules import AgentDataModule
     from rspo_lightning.module import AgentRLModule
 
-    args = ["--config", os.path.join(ROOT, "configs", "household", "grpo.yaml"),
-            "--config", os.path.join(ROOT, "configs", "trainer", "cpu.yaml"),
-            "--trainer.logger.init_args.save_dir", str(tmp_path)]
+    args = [
+        "--config",
+        os.path.join(ROOT, "configs", "household", "grpo.yaml"),
+        "--config",
+        os.path.join(ROOT, "configs", "trainer", "cpu.yaml"),
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+    ]
     cli = AgentCLI(AgentRLModule, AgentDataModule, run=False, args=args, auto_configure_optimizers=False)
     assert cli.trainer.precision == "32-true"
 
 
 RSPO_CONFIGS = [p for p in CONFIGS if p.endswith(("_rspo.yaml", "_rspo_paper.yaml"))]
-LOOK_ALIKE = {"webshop": ("rspo/Shop-v0", {"max_steps": 5}),
-              "shop": ("rspo/Shop-v0", {"max_steps": 5})}  # every other folder: Household
+LOOK_ALIKE = {
+    "webshop": ("rspo/Shop-v0", {"max_steps": 5}),
+    "shop": ("rspo/Shop-v0", {"max_steps": 5}),
+}  # every other folder: Household
 
 
 @pytest.mark.parametrize("path", RSPO_CONFIGS, ids=lambda p: os.path.relpath(p, ROOT))
@@ -120,30 +153,94 @@ def test_rspo_config_runs_one_loop(path, tmp_path):
     from rspo_lightning.module import AgentRLModule
 
     folder = os.path.basename(os.path.dirname(path))
-    env_id, kwargs = LOOK_ALIKE.get(folder, ("rspo/Household-v0", {"task_types": ["pick_and_place"], "num_receptacles": 3,
-                                                                    "max_steps": 3, "info_actions": False}))
-    args = ["--config", path, "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.precision", "32-true",
-            "--trainer.logger", "false", "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false",
-            "--trainer.max_epochs", "1", "--trainer.num_sanity_val_steps", "0", "--trainer.limit_val_batches", "0",
-            "--trainer.callbacks.k", "1", "--data.iterations_per_epoch", "3", "--data.groups_per_iteration", "4",
-            "--data.group_size", "2", "--data.env.env_id", env_id, "--data.env.kwargs", json.dumps(kwargs),
-            "--data.val_splits", "[]", "--model.policy.source", "tiny", "--model.policy.gradient_checkpointing", "false",
-            "--model.policy.tiny.hidden_size", "32", "--model.policy.tiny.intermediate_size", "64",
-            "--model.policy.tiny.num_layers", "1", "--model.rollout.max_new_tokens", "8", "--model.rollout.template", "compact",
-            "--model.algorithm.micro_batch_size", "null", "--model.algorithm.minibatch_size", "64",
-            "--model.dense_reward=rspo_lightning.rewards.EnvProgressReward"]
-    cli = AgentCLI(AgentRLModule, AgentDataModule, run=False, args=[*args, "--trainer.default_root_dir", str(tmp_path)],
-                   auto_configure_optimizers=False, save_config_callback=None)
+    env_id, kwargs = LOOK_ALIKE.get(
+        folder,
+        (
+            "rspo/Household-v0",
+            {"task_types": ["pick_and_place"], "num_receptacles": 3, "max_steps": 3, "info_actions": False},
+        ),
+    )
+    args = [
+        "--config",
+        path,
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.devices",
+        "1",
+        "--trainer.precision",
+        "32-true",
+        "--trainer.logger",
+        "false",
+        "--trainer.enable_checkpointing",
+        "false",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.num_sanity_val_steps",
+        "0",
+        "--trainer.limit_val_batches",
+        "0",
+        "--trainer.callbacks.k",
+        "1",
+        "--data.iterations_per_epoch",
+        "3",
+        "--data.groups_per_iteration",
+        "4",
+        "--data.group_size",
+        "2",
+        "--data.env.env_id",
+        env_id,
+        "--data.env.kwargs",
+        json.dumps(kwargs),
+        "--data.val_splits",
+        "[]",
+        "--model.policy.source",
+        "tiny",
+        "--model.policy.gradient_checkpointing",
+        "false",
+        "--model.policy.tiny.hidden_size",
+        "32",
+        "--model.policy.tiny.intermediate_size",
+        "64",
+        "--model.policy.tiny.num_layers",
+        "1",
+        "--model.rollout.max_new_tokens",
+        "8",
+        "--model.rollout.template",
+        "compact",
+        "--model.algorithm.micro_batch_size",
+        "null",
+        "--model.algorithm.minibatch_size",
+        "64",
+        "--model.dense_reward=rspo_lightning.rewards.EnvProgressReward",
+    ]
+    cli = AgentCLI(
+        AgentRLModule,
+        AgentDataModule,
+        run=False,
+        args=[*args, "--trainer.default_root_dir", str(tmp_path)],
+        auto_configure_optimizers=False,
+        save_config_callback=None,
+    )
     loop = next(c for c in cli.trainer.callbacks if isinstance(c, RSPOLoop))
     loop.buffer.skip_zero_advantage = False  # the untrained tiny model wins nothing: let any item fill the slot
     cli.trainer.fit(cli.model, cli.datamodule)
-    assert cli.model.iteration == 3 and loop.counts == {"a_iterations": 1, "b_iterations": 1, "collected_groups": 4, "loops": 1}
+    assert cli.model.iteration == 3 and loop.counts == {
+        "a_iterations": 1,
+        "b_iterations": 1,
+        "collected_groups": 4,
+        "loops": 1,
+    }
 
 
 SMOKE = os.path.join(ROOT, "configs", "smoke.yaml")
 #: the real envs' packages and data are not on the test machine: their configs play the look-alike
-REAL_ENV_STAND_IN = {"alfworld": ("rspo/Household-v0", {}), "textworld": ("rspo/Household-v0", {}),
-                     "webshop": ("rspo/Shop-v0", {})}
+REAL_ENV_STAND_IN = {
+    "alfworld": ("rspo/Household-v0", {}),
+    "textworld": ("rspo/Household-v0", {}),
+    "webshop": ("rspo/Shop-v0", {}),
+}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.relpath(p, ROOT))
@@ -156,14 +253,25 @@ def test_every_config_runs_one_iteration_under_the_smoke_overlay(path, tmp_path)
     from rspo_lightning.module import AgentRLModule
 
     folder = os.path.basename(os.path.dirname(path))
-    args = ["--config", path, "--config", SMOKE, "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false"]
+    args = [
+        "--config",
+        path,
+        "--config",
+        SMOKE,
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.enable_progress_bar",
+        "false",
+    ]
     if folder in REAL_ENV_STAND_IN:
         env_id, kwargs = REAL_ENV_STAND_IN[folder]
         args += ["--data.env.env_id", env_id, "--data.env.kwargs", json.dumps(kwargs)]
     dense = (yaml.safe_load(open(path)).get("model") or {}).get("dense_reward") or {}
     if dense.get("class_path", "").endswith("ProcessRewardModelReward"):
         args += ["--model.dense_reward=rspo_lightning.rewards.EnvProgressReward"]
-    cli = AgentCLI(AgentRLModule, AgentDataModule, run=False, args=args, auto_configure_optimizers=False, save_config_callback=None)
+    cli = AgentCLI(
+        AgentRLModule, AgentDataModule, run=False, args=args, auto_configure_optimizers=False, save_config_callback=None
+    )
     assert cli.trainer.precision == "32-true" and cli.model.policy_cfg.source == "tiny"
     cli.trainer.fit(cli.model, cli.datamodule)
     assert cli.model.iteration == 1

@@ -34,17 +34,17 @@ def test_levels_rise_after_a_full_window_above_threshold():
     m = _Module()
     cb.on_fit_start(None, m)
     assert m.applied == [{"max_steps": 10}]
-    _step(cb, m, 0.9)          # window not full yet
+    _step(cb, m, 0.9)  # window not full yet
     assert cb.level == 0
-    _step(cb, m, 0.6)          # mean 0.75 >= 0.7 -> level 1, window restarts
+    _step(cb, m, 0.6)  # mean 0.75 >= 0.7 -> level 1, window restarts
     assert cb.level == 1 and m.applied[-1] == {"max_steps": 20}
     _step(cb, m, 0.5)
-    _step(cb, m, 0.8)          # mean 0.65 < 0.7
+    _step(cb, m, 0.8)  # mean 0.65 < 0.7
     assert cb.level == 1
-    _step(cb, m, 0.8)          # window (0.8, 0.8)
+    _step(cb, m, 0.8)  # window (0.8, 0.8)
     assert cb.level == 2
     for _ in range(4):
-        _step(cb, m, 1.0)      # already at the hardest level
+        _step(cb, m, 1.0)  # already at the hardest level
     assert cb.level == 2 and m.logged[-1] == ("curriculum/level", 2.0)
 
 

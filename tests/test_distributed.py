@@ -22,33 +22,60 @@ HOUSEHOLD = {"task_types": ["pick_and_place"], "num_receptacles": 6, "max_steps"
 ENV_KWARGS = {"inner_id": "rspo/Household-v0", "inner_kwargs": HOUSEHOLD, "fault_rate": 0.0, "modes": ["raise"]}
 MINIBATCH, MICRO, EPOCHS = 4, 2, 2
 TINY_ARGS = [
-    "--config", os.path.join(ROOT, "configs", "quickstart.yaml"),
-    "--data.iterations_per_epoch", "1",
-    "--data.groups_per_iteration", "2",  # one group per rank
-    "--data.group_size", "2",
-    "--data.num_val_tasks", "3",  # 2 tasks on rank 0, 1 on rank 1, one per validation batch
-    "--data.val_groups_per_batch", "1",
-    "--data.val_splits", "[valid_seen]",
-    "--data.env.env_id", "rspo/Faulty-v0",
-    "--data.env.kwargs", json.dumps(ENV_KWARGS),
-    "--model.policy.tiny.hidden_size", "32",
-    "--model.policy.tiny.intermediate_size", "64",
-    "--model.rollout.constrained_decoding", "false",
-    "--model.rollout.max_new_tokens", "6",
-    "--model.algorithm.ppo_epochs", str(EPOCHS),
-    "--model.algorithm.micro_batch_size", str(MICRO),
-    "--model.algorithm.drop_zero_advantage", "false",
-    "--trainer.logger", "false",
+    "--config",
+    os.path.join(ROOT, "configs", "quickstart.yaml"),
+    "--data.iterations_per_epoch",
+    "1",
+    "--data.groups_per_iteration",
+    "2",  # one group per rank
+    "--data.group_size",
+    "2",
+    "--data.num_val_tasks",
+    "3",  # 2 tasks on rank 0, 1 on rank 1, one per validation batch
+    "--data.val_groups_per_batch",
+    "1",
+    "--data.val_splits",
+    "[valid_seen]",
+    "--data.env.env_id",
+    "rspo/Faulty-v0",
+    "--data.env.kwargs",
+    json.dumps(ENV_KWARGS),
+    "--model.policy.tiny.hidden_size",
+    "32",
+    "--model.policy.tiny.intermediate_size",
+    "64",
+    "--model.rollout.constrained_decoding",
+    "false",
+    "--model.rollout.max_new_tokens",
+    "6",
+    "--model.algorithm.ppo_epochs",
+    str(EPOCHS),
+    "--model.algorithm.micro_batch_size",
+    str(MICRO),
+    "--model.algorithm.drop_zero_advantage",
+    "false",
+    "--trainer.logger",
+    "false",
 ]
 
 
 def _fit(args, cwd, timeout=300):
     """``rspo-lightning fit ARGS`` (as ``python -m``, this checkout first on the path); fails on a
     non-zero exit and on a timeout, killing every process the run started."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([ROOT, TESTS, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "rspo_lightning.cli", "fit", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([ROOT, TESTS, os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rspo_lightning.cli", "fit", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -76,11 +103,27 @@ def _expected_counts(samples_per_rank):
 
 def test_ddp_ranks_with_unequal_episodes_take_the_same_steps_and_finish(tmp_path):
     out = tmp_path / "probe"
-    _fit([*TINY_ARGS, "--config", os.path.join(ROOT, "configs", "trainer", "ddp_cpu.yaml"),
-          "--data.iterations_per_epoch", "2", "--trainer.max_epochs", "1", "--model.algorithm.minibatch_size", str(MINIBATCH),
-          # one validation, after iteration 2: rank 0's environments then fail, it plays nothing
-          "--trainer.num_sanity_val_steps", "0", "--trainer.enable_checkpointing", "false",
-          "--trainer.callbacks+=distributed_helpers.RankSkewProbe", f"--trainer.callbacks.out_dir={out}"], cwd=tmp_path)
+    _fit(
+        [
+            *TINY_ARGS,
+            "--config",
+            os.path.join(ROOT, "configs", "trainer", "ddp_cpu.yaml"),
+            "--data.iterations_per_epoch",
+            "2",
+            "--trainer.max_epochs",
+            "1",
+            "--model.algorithm.minibatch_size",
+            str(MINIBATCH),
+            # one validation, after iteration 2: rank 0's environments then fail, it plays nothing
+            "--trainer.num_sanity_val_steps",
+            "0",
+            "--trainer.enable_checkpointing",
+            "false",
+            "--trainer.callbacks+=distributed_helpers.RankSkewProbe",
+            f"--trainer.callbacks.out_dir={out}",
+        ],
+        cwd=tmp_path,
+    )
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2]
     # the skew took effect: rank 0 played 1-turn episodes, then lost every episode to faults
@@ -100,12 +143,32 @@ def test_ddp_alpha_is_global_over_ranks(tmp_path):
     """4 groups over 2 ranks, alpha = 1/4: round_half_up(0.25 * 4) = 1 replay group in all (rank 0
     holds it). Rounding per rank would give round_half_up(0.25 * 2) = 1 on each rank, 2 in all."""
     out = tmp_path / "replay"
-    _fit([*TINY_ARGS, "--config", os.path.join(ROOT, "configs", "trainer", "ddp_cpu.yaml"),
-          "--data.groups_per_iteration", "4", "--data.iterations_per_epoch", "3", "--trainer.max_epochs", "1",
-          "--trainer.num_sanity_val_steps", "0", "--trainer.limit_val_batches", "0", "--trainer.enable_checkpointing", "false",
-          "--model.dense_reward", "rspo_lightning.rewards.EnvProgressReward",
-          "--trainer.callbacks+=distributed_helpers.ReplayCountingLoop", f"--trainer.callbacks.out_dir={out}",
-          "--trainer.callbacks.k=1", "--trainer.callbacks.offline_ratio=0.25"], cwd=tmp_path)
+    _fit(
+        [
+            *TINY_ARGS,
+            "--config",
+            os.path.join(ROOT, "configs", "trainer", "ddp_cpu.yaml"),
+            "--data.groups_per_iteration",
+            "4",
+            "--data.iterations_per_epoch",
+            "3",
+            "--trainer.max_epochs",
+            "1",
+            "--trainer.num_sanity_val_steps",
+            "0",
+            "--trainer.limit_val_batches",
+            "0",
+            "--trainer.enable_checkpointing",
+            "false",
+            "--model.dense_reward",
+            "rspo_lightning.rewards.EnvProgressReward",
+            "--trainer.callbacks+=distributed_helpers.ReplayCountingLoop",
+            f"--trainer.callbacks.out_dir={out}",
+            "--trainer.callbacks.k=1",
+            "--trainer.callbacks.offline_ratio=0.25",
+        ],
+        cwd=tmp_path,
+    )
     ranks = [json.loads((out / f"replay{r}.json").read_text()) for r in (0, 1)]
     group_size = ranks[0]["group_size"]
     # iterations: explore, collect, exploit; only the exploit batch replays, one group's worth on rank 0
@@ -116,24 +179,70 @@ def test_fsdp2_two_ranks_with_resume_match_one_process_on_the_same_trajectories(
     """Sharded (FSDP2 over gloo) rollout, update, sharded checkpoint and resume; then one process
     trains on the union of the trajectories the two ranks trained on. The weights must agree."""
     rec, single, ckpt = tmp_path / "rec", tmp_path / "single", tmp_path / "ckpt"
-    args = [*TINY_ARGS, "--model.algorithm.minibatch_size", "64",  # one minibatch: the union's gradient
-            "--model.algorithm.kl_coef", "0.05",  # a frozen reference model, scored in lock-step
-            "--model.algorithm.recompute_old_logprobs", "true", "--model.algorithm.forward_batch_size", "3"]
-    sharded = [*args, "--config", os.path.join(ROOT, "configs", "trainer", "fsdp2_cpu.yaml"),
-               "--trainer.callbacks+=distributed_helpers.RankSkewProbe", f"--trainer.callbacks.out_dir={tmp_path / 'probe'}",
-               "--trainer.callbacks+=distributed_helpers.TrajectoryRecorder", f"--trainer.callbacks.out_dir={rec}"]
-    _fit([*sharded, "--trainer.max_epochs", "1", "--trainer.callbacks+=ModelCheckpoint",
-          f"--trainer.callbacks.dirpath={ckpt}", "--trainer.callbacks.save_last=true"], cwd=tmp_path)
-    assert {f for f in os.listdir(ckpt / "last.ckpt") if f.endswith(".distcp")} == {"__0_0.distcp", "__1_0.distcp"}  # a shard per rank
+    args = [
+        *TINY_ARGS,
+        "--model.algorithm.minibatch_size",
+        "64",  # one minibatch: the union's gradient
+        "--model.algorithm.kl_coef",
+        "0.05",  # a frozen reference model, scored in lock-step
+        "--model.algorithm.recompute_old_logprobs",
+        "true",
+        "--model.algorithm.forward_batch_size",
+        "3",
+    ]
+    sharded = [
+        *args,
+        "--config",
+        os.path.join(ROOT, "configs", "trainer", "fsdp2_cpu.yaml"),
+        "--trainer.callbacks+=distributed_helpers.RankSkewProbe",
+        f"--trainer.callbacks.out_dir={tmp_path / 'probe'}",
+        "--trainer.callbacks+=distributed_helpers.TrajectoryRecorder",
+        f"--trainer.callbacks.out_dir={rec}",
+    ]
+    _fit(
+        [
+            *sharded,
+            "--trainer.max_epochs",
+            "1",
+            "--trainer.callbacks+=ModelCheckpoint",
+            f"--trainer.callbacks.dirpath={ckpt}",
+            "--trainer.callbacks.save_last=true",
+        ],
+        cwd=tmp_path,
+    )
+    assert {f for f in os.listdir(ckpt / "last.ckpt") if f.endswith(".distcp")} == {
+        "__0_0.distcp",
+        "__1_0.distcp",
+    }  # a shard per rank
     _fit([*sharded, "--trainer.max_epochs", "2", "--ckpt_path", str(ckpt / "last.ckpt")], cwd=tmp_path)
-    _fit(["--model", "distributed_helpers.ReplayedRollouts", "--data", "rspo_lightning.datamodules.AgentDataModule", *args,
-          f"--model.recording_dir={rec}", "--trainer.max_epochs", "2", "--trainer.limit_val_batches", "0",
-          "--trainer.num_sanity_val_steps", "0", "--trainer.enable_checkpointing", "false",
-          "--trainer.callbacks+=distributed_helpers.TrajectoryRecorder", f"--trainer.callbacks.out_dir={single}"], cwd=tmp_path)
+    _fit(
+        [
+            "--model",
+            "distributed_helpers.ReplayedRollouts",
+            "--data",
+            "rspo_lightning.datamodules.AgentDataModule",
+            *args,
+            f"--model.recording_dir={rec}",
+            "--trainer.max_epochs",
+            "2",
+            "--trainer.limit_val_batches",
+            "0",
+            "--trainer.num_sanity_val_steps",
+            "0",
+            "--trainer.enable_checkpointing",
+            "false",
+            "--trainer.callbacks+=distributed_helpers.TrajectoryRecorder",
+            f"--trainer.callbacks.out_dir={single}",
+        ],
+        cwd=tmp_path,
+    )
 
     # the ranks trained on unequal shares: iteration 1 one-turn episodes on rank 0, iteration 2 none
-    turns = {(it, r): [len(t.turns) for t in torch.load(rec / f"traj_it{it}_rank{r}.pt", weights_only=False)]
-             for it in (1, 2) for r in (0, 1)}
+    turns = {
+        (it, r): [len(t.turns) for t in torch.load(rec / f"traj_it{it}_rank{r}.pt", weights_only=False)]
+        for it in (1, 2)
+        for r in (0, 1)
+    }
     assert turns[1, 0] == [1, 1] and turns[2, 0] == [] and sum(turns[1, 1]) > 2, turns
 
     sharded_state = torch.load(rec / "final_state.pt", weights_only=False)
@@ -144,8 +253,10 @@ def test_fsdp2_two_ranks_with_resume_match_one_process_on_the_same_trajectories(
     from rspo_lightning.module import AgentRLModule
     from rspo_lightning.policy import TinyModelConfig
 
-    fresh = AgentRLModule(policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, intermediate_size=64)),
-                          env=EnvConfig("rspo/Faulty-v0", ENV_KWARGS))
+    fresh = AgentRLModule(
+        policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, intermediate_size=64)),
+        env=EnvConfig("rspo/Faulty-v0", ENV_KWARGS),
+    )
     fresh.configure_model()
     initial = fresh.state_dict()
     moved = max(float((single_state[k] - initial[k]).abs().max()) for k in initial)
@@ -158,8 +269,15 @@ def test_fsdp2_two_ranks_with_resume_match_one_process_on_the_same_trajectories(
 def _tiny_model(kind):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    shape = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=2, max_position_embeddings=32)
+    shape = dict(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
     return LlamaForCausalLM(LlamaConfig(**shape)) if kind == "llama" else Qwen2ForCausalLM(Qwen2Config(**shape))
 
 
@@ -221,9 +339,12 @@ def test_frozen_reference_and_critic_backbone_are_outside_optimizer_and_checkpoi
     from rspo_lightning.module import AgentRLModule
     from rspo_lightning.policy import TinyModelConfig
 
-    m = AgentRLModule(policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, intermediate_size=64)),
-                      algorithm=AlgorithmConfig(estimator="gae" if critic else "grpo", kl_coef=0.1),
-                      critic=CriticConfig(kind="separate" if critic else "shared"), env=EnvConfig(kwargs=HOUSEHOLD))
+    m = AgentRLModule(
+        policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, intermediate_size=64)),
+        algorithm=AlgorithmConfig(estimator="gae" if critic else "grpo", kl_coef=0.1),
+        critic=CriticConfig(kind="separate" if critic else "shared"),
+        env=EnvConfig(kwargs=HOUSEHOLD),
+    )
     m.configure_model()
     frozen = [m._ref] + ([m.critic.backbone] if critic else [])
     frozen_ids = {id(p) for f in frozen for p in f.parameters()}

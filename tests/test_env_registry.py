@@ -89,9 +89,14 @@ def test_gymnasium_make_names_the_bad_key_the_nearest_and_the_accepted():
 def test_make_env_and_the_class_itself_check_too():
     with pytest.raises(TypeError, match=r"rspo/Shop-v0 got unknown keyword argument 'sed' \(did you mean 'seed'\?\)"):
         make_env("rspo/Shop-v0", sed=1)
-    with pytest.raises(TypeError, match=r"Shop got unknown keyword argument 'num_product' \(did you mean 'num_products'\?\)"):
+    with pytest.raises(
+        TypeError, match=r"Shop got unknown keyword argument 'num_product' \(did you mean 'num_products'\?\)"
+    ):
         Shop(num_product=100)
-    with pytest.raises(TypeError, match=r"Household got unknown keyword arguments 'difficulty_level' \(did you mean 'difficulty'\?\), 'zzz'; it accepts \["):
+    with pytest.raises(
+        TypeError,
+        match=r"Household got unknown keyword arguments 'difficulty_level' \(did you mean 'difficulty'\?\), 'zzz'; it accepts \[",
+    ):
         Household(difficulty_level=1, zzz=2)
 
 
@@ -102,9 +107,13 @@ def test_a_key_with_no_near_name_gets_no_suggestion():
 
 
 def test_wrapper_and_adapter_kwargs_are_checked():
-    with pytest.raises(TypeError, match=r"rspo/Faulty-v0 got unknown keyword argument 'fault_rat' \(did you mean 'fault_rate'\?\)"):
+    with pytest.raises(
+        TypeError, match=r"rspo/Faulty-v0 got unknown keyword argument 'fault_rat' \(did you mean 'fault_rate'\?\)"
+    ):
         make_env("rspo/Faulty-v0", fault_rat=0.1)
-    with pytest.raises(TypeError, match=r"rspo/Household-v0 got unknown keyword argument 'seeed' \(did you mean 'seed'\?\)"):
+    with pytest.raises(
+        TypeError, match=r"rspo/Household-v0 got unknown keyword argument 'seeed' \(did you mean 'seed'\?\)"
+    ):
         make_env("rspo/Faulty-v0", inner_kwargs={"seeed": 1})
     # checked before __init__, so before the adapter needs textworld or any game file
     with pytest.raises(TypeError, match=r"TextWorld got unknown keyword argument 'gamez' \(did you mean 'games'\?\)"):

@@ -20,24 +20,50 @@ from rspo_lightning.policy import TinyModelConfig
 from rspo_lightning.rewards import EnvProgressReward
 from rspo_lightning.rollout import RolloutConfig
 
-ENV = EnvConfig(kwargs={"task_types": ["pick_and_place"], "num_receptacles": 3, "num_distractors": 0,
-                        "num_object_types": 4, "max_steps": 4, "info_actions": False})
+ENV = EnvConfig(
+    kwargs={
+        "task_types": ["pick_and_place"],
+        "num_receptacles": 3,
+        "num_distractors": 0,
+        "num_object_types": 4,
+        "max_steps": 4,
+        "info_actions": False,
+    }
+)
 TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64)
-ROLLOUT = RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt="", history_window=1)
-PROMPT = "You are in the middle of a room . Your task is to : put a cup in cabinet 1 . <action> go to cabinet 1 </action>"
+ROLLOUT = RolloutConfig(
+    constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt="", history_window=1
+)
+PROMPT = (
+    "You are in the middle of a room . Your task is to : put a cup in cabinet 1 . <action> go to cabinet 1 </action>"
+)
 
 
 def _module(lora=None, rollout=ROLLOUT):
-    return AgentRLModule(policy=PolicyConfig(tiny=TINY, lora=lora), env=ENV, optim=OptimConfig(lr=5e-2),
-                         algorithm=AlgorithmConfig(ppo_epochs=1, minibatch_size=64), rollout=rollout,
-                         dense_reward=EnvProgressReward())
+    return AgentRLModule(
+        policy=PolicyConfig(tiny=TINY, lora=lora),
+        env=ENV,
+        optim=OptimConfig(lr=5e-2),
+        algorithm=AlgorithmConfig(ppo_epochs=1, minibatch_size=64),
+        rollout=rollout,
+        dense_reward=EnvProgressReward(),
+    )
 
 
 def _fit(module, tmp_path, iterations, callbacks=()):
     ckpt = IterationCheckpoint(dirpath=str(tmp_path / "ckpt"), every_n_iterations=1)
-    pl.Trainer(max_epochs=1, logger=False, num_sanity_val_steps=0, limit_val_batches=0, enable_progress_bar=False,
-               enable_model_summary=False, callbacks=[*callbacks, ckpt]).fit(
-        module, AgentDataModule(env=ENV, groups_per_iteration=2, group_size=2, iterations_per_epoch=iterations, val_splits=[]))
+    pl.Trainer(
+        max_epochs=1,
+        logger=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[*callbacks, ckpt],
+    ).fit(
+        module,
+        AgentDataModule(env=ENV, groups_per_iteration=2, group_size=2, iterations_per_epoch=iterations, val_splits=[]),
+    )
     return str(tmp_path / "ckpt" / "last.ckpt")
 
 
@@ -60,7 +86,9 @@ def test_export_loads_with_transformers_and_matches_the_policy(tmp_path):
     path = _fit(m, tmp_path, 2)
     out = tmp_path / "hf"
     meta = export(path, str(out))
-    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json", "rspo_export.json"} <= set(os.listdir(out))
+    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json", "rspo_export.json"} <= set(
+        os.listdir(out)
+    )
     model, tokenizer = _load(str(out))
     assert tokenizer.chat_template  # the tiny tokenizer's template travels with it
     torch.testing.assert_close(_logits(model, tokenizer), _logits(m.policy.eval(), m.tokenizer), atol=1e-5, rtol=0)
@@ -74,7 +102,9 @@ def test_export_loads_with_transformers_and_matches_the_policy(tmp_path):
 def test_a_checkpoint_of_b_s_phase_exports_agent_a(tmp_path):
     torch.manual_seed(0)
     # unconstrained: invalid actions take the penalty, so B's first update has a gradient
-    m = _module(rollout=RolloutConfig(constrained_decoding=False, max_new_tokens=6, template="compact", system_prompt=""))
+    m = _module(
+        rollout=RolloutConfig(constrained_decoding=False, max_new_tokens=6, template="compact", system_prompt="")
+    )
     seen = {}
 
     class Probe(pl.Callback):
@@ -133,17 +163,34 @@ def test_export_of_a_two_rank_fsdp2_checkpoint_on_one_cpu_process(tmp_path):
     """A distributed checkpoint folder (FSDP2 over gloo, one shard per rank) exported by one
     process: the weights equal torch's own consolidation of the shards (dcp_to_torch_save)."""
     from safetensors.torch import load_file
+    from test_distributed import ROOT, TINY_ARGS
+    from test_distributed import _fit as fit_subprocess
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    from test_distributed import ROOT, TINY_ARGS, _fit as fit_subprocess
-
     ckpt = tmp_path / "ckpt"
-    fit_subprocess([*TINY_ARGS, "--config", os.path.join(ROOT, "configs", "trainer", "fsdp2_cpu.yaml"),
-                    "--trainer.max_epochs", "1", "--trainer.num_sanity_val_steps", "0", "--trainer.limit_val_batches", "0",
-                    "--trainer.callbacks+=ModelCheckpoint", f"--trainer.callbacks.dirpath={ckpt}",
-                    "--trainer.callbacks.save_last=true", "--trainer.enable_checkpointing=true"], cwd=tmp_path)
+    fit_subprocess(
+        [
+            *TINY_ARGS,
+            "--config",
+            os.path.join(ROOT, "configs", "trainer", "fsdp2_cpu.yaml"),
+            "--trainer.max_epochs",
+            "1",
+            "--trainer.num_sanity_val_steps",
+            "0",
+            "--trainer.limit_val_batches",
+            "0",
+            "--trainer.callbacks+=ModelCheckpoint",
+            f"--trainer.callbacks.dirpath={ckpt}",
+            "--trainer.callbacks.save_last=true",
+            "--trainer.enable_checkpointing=true",
+        ],
+        cwd=tmp_path,
+    )
     folder = ckpt / "last.ckpt"
-    assert folder.is_dir() and {f for f in os.listdir(folder) if f.endswith(".distcp")} == {"__0_0.distcp", "__1_0.distcp"}
+    assert folder.is_dir() and {f for f in os.listdir(folder) if f.endswith(".distcp")} == {
+        "__0_0.distcp",
+        "__1_0.distcp",
+    }
     meta = export(str(folder), str(tmp_path / "hf"))
     assert meta["iteration"] == 1
     exported = load_file(str(tmp_path / "hf" / "model.safetensors"))
@@ -167,11 +214,18 @@ def test_export_hf_at_the_end_of_fit(tmp_path):
             meta = tmp_path / "run" / "hf" / "rspo_export.json"
             exports.append(json.loads(meta.read_text())["iteration"] if meta.exists() else None)
 
-    ckpt = IterationCheckpoint(dirpath=str(tmp_path / "run" / "checkpoints"), every_n_iterations=1, export_hf=True,
-                               export_hf_every_epoch=True)
-    pl.Trainer(max_epochs=2, logger=False, num_sanity_val_steps=0, limit_val_batches=0, enable_progress_bar=False,
-               enable_model_summary=False, callbacks=[ckpt, Seen()]).fit(
-        m, AgentDataModule(env=ENV, groups_per_iteration=2, group_size=2, iterations_per_epoch=1, val_splits=[]))
+    ckpt = IterationCheckpoint(
+        dirpath=str(tmp_path / "run" / "checkpoints"), every_n_iterations=1, export_hf=True, export_hf_every_epoch=True
+    )
+    pl.Trainer(
+        max_epochs=2,
+        logger=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[ckpt, Seen()],
+    ).fit(m, AgentDataModule(env=ENV, groups_per_iteration=2, group_size=2, iterations_per_epoch=1, val_splits=[]))
     assert exports == [None, 1]  # written at the end of epoch 0, then replaced at the end of fit
     model, tokenizer = _load(str(tmp_path / "run" / "hf"))
     assert json.loads((tmp_path / "run" / "hf" / "rspo_export.json").read_text())["iteration"] == 2
@@ -194,7 +248,10 @@ def test_export_of_an_fsdp1_sharded_checkpoint_folder(tmp_path):
     dcp.save({"model": checkpoint.pop("state_dict")}, checkpoint_id=str(folder), no_dist=True)
     torch.save(checkpoint, folder / "meta.pt")
     export(str(folder), str(tmp_path / "from_folder"))
-    a, b = load_file(str(tmp_path / "from_file" / "model.safetensors")), load_file(str(tmp_path / "from_folder" / "model.safetensors"))
+    a, b = (
+        load_file(str(tmp_path / "from_file" / "model.safetensors")),
+        load_file(str(tmp_path / "from_folder" / "model.safetensors")),
+    )
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -205,11 +262,26 @@ def test_validating_the_export_reproduces_validating_its_checkpoint(tmp_path):
     from rspo_lightning.cli import main
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    common = ["--config", os.path.join(root, "configs", "compare", "grpo.yaml"), "--model.policy.tiny.hidden_size=32",
-              "--model.policy.tiny.intermediate_size=64", "--model.policy.tiny.num_layers=1", "--data.num_val_tasks=8",
-              "--trainer.enable_progress_bar=false"]
-    main(["fit", *common, f"--trainer.default_root_dir={tmp_path}/run", "--trainer.max_epochs=1", "--data.iterations_per_epoch=2",
-          "--data.groups_per_iteration=2", "--trainer.num_sanity_val_steps=0"])
+    common = [
+        "--config",
+        os.path.join(root, "configs", "compare", "grpo.yaml"),
+        "--model.policy.tiny.hidden_size=32",
+        "--model.policy.tiny.intermediate_size=64",
+        "--model.policy.tiny.num_layers=1",
+        "--data.num_val_tasks=8",
+        "--trainer.enable_progress_bar=false",
+    ]
+    main(
+        [
+            "fit",
+            *common,
+            f"--trainer.default_root_dir={tmp_path}/run",
+            "--trainer.max_epochs=1",
+            "--data.iterations_per_epoch=2",
+            "--data.groups_per_iteration=2",
+            "--trainer.num_sanity_val_steps=0",
+        ]
+    )
     ckpt = tmp_path / "run" / "compare_grpo" / "checkpoints" / "last.ckpt"
     export(str(ckpt), str(tmp_path / "hf"))
     results = []

@@ -28,8 +28,7 @@ TASK_TYPES = [
 ]
 SPLITS = ["train", "valid_seen", "valid_unseen"]
 OPENABLE = {"fridge", "cabinet", "drawer", "microwave", "safe"}
-INFO_KEYS = {"task", "task_type", "admissible_actions", "anchor", "privileged", "won", "score",
-             "progress", "invalid"}
+INFO_KEYS = {"task", "task_type", "admissible_actions", "anchor", "privileged", "won", "score", "progress", "invalid"}
 WORDS = re.compile(r"\w+|[^\w\s]+")
 
 # ALFWorld instruction forms -> (task type, object type, receptacle type).
@@ -197,8 +196,7 @@ def test_valid_unseen_goal_combinations_never_seen_in_train():
     unseen = combos("valid_unseen", 134)
     assert seen.isdisjoint(unseen), seen & unseen
     assert len(unseen) >= 20 and len(seen) >= 100
-    unseen_types = {env.reset(options={"split": "valid_unseen", "task_id": i})[1]["task_type"]
-                    for i in range(134)}
+    unseen_types = {env.reset(options={"split": "valid_unseen", "task_id": i})[1]["task_type"] for i in range(134)}
     assert unseen_types == set(TASK_TYPES)
 
 
@@ -208,8 +206,9 @@ def test_valid_unseen_goal_combinations_never_seen_in_train():
 def test_reset_info_contract():
     env = Household()
     obs, info = env.reset(options={"split": "train", "task_id": 3})
-    assert obs.startswith("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. "
-                          "Looking quickly around you, you see a ")
+    assert obs.startswith(
+        "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, you see a "
+    )
     assert obs.endswith(f"\n\nYour task is to: {info['task']}")
     assert set(info) >= INFO_KEYS
     assert info["won"] is False and info["score"] == 0.0 and info["invalid"] is False
@@ -237,7 +236,7 @@ def test_arrival_messages_and_listing_format():
             elif kind == "desklamp":
                 assert obs == f"You arrive at {rec}. The {rec} is off."
             else:
-                listing = obs[len(f"You arrive at {rec}. On the {rec}, you see "):]
+                listing = obs[len(f"You arrive at {rec}. On the {rec}, you see ") :]
                 assert obs.startswith(f"You arrive at {rec}. On the {rec}, you see ")
                 if listing == "nothing.":
                     forms.add(0)
@@ -272,7 +271,7 @@ def test_take_put_inventory_examine_and_one_object_in_hand():
             break
     else:
         raise AssertionError("no receptacle with two objects")
-    rec = action[len("go to "):]
+    rec = action[len("go to ") :]
     obj = re.fullmatch(r"take (\w+ \d+) from (\w+ \d+)", takes[0]).group(1)
     assert env.step("inventory")[0] == "You are not carrying anything."
     obs, _, _, _, info = env.step(f"take {obj} from {rec}")
@@ -309,11 +308,14 @@ def test_open_close_and_action_normalisation():
     assert env.step(f"examine {rec}")[0] == f"The {rec} is closed."
 
 
-@pytest.mark.parametrize("task_type,verb,appliance,state", [
-    ("pick_clean_then_place", "clean", "sinkbasin 1", "clean"),
-    ("pick_heat_then_place", "heat", "microwave 1", "hot"),
-    ("pick_cool_then_place", "cool", "fridge 1", "cool"),
-])
+@pytest.mark.parametrize(
+    "task_type,verb,appliance,state",
+    [
+        ("pick_clean_then_place", "clean", "sinkbasin 1", "clean"),
+        ("pick_heat_then_place", "heat", "microwave 1", "hot"),
+        ("pick_cool_then_place", "cool", "fridge 1", "cool"),
+    ],
+)
 def test_clean_heat_cool_at_the_appliance(task_type, verb, appliance, state):
     env = Household(task_types=[task_type], max_steps=100)
     for task_id in range(20):  # a task whose target does not start at the appliance
@@ -365,7 +367,7 @@ def test_progress_is_a_function_of_state_and_can_go_down():
             break
     assert info["progress"] == 0.5  # taken, not placed
     rec = action.rsplit(" from ", 1)[1]
-    obj = action[len("take "):].rsplit(" from ", 1)[0]
+    obj = action[len("take ") :].rsplit(" from ", 1)[0]
     _, _, _, _, info = env.step(f"put {obj} in/on {rec}")  # put it back where it was
     assert info["progress"] == 0.0
 
@@ -431,9 +433,31 @@ def assert_invalid_and_unchanged(env, action):
 
 
 EXPLICIT_BAD_INPUTS = [
-    "", " ", "\n\t", "x" * 10000, "苹果 🍎 ñ", "\x00\x01", "\ud800", "<action></action>",
-    "<action>look</action>", "go to", "take", "go to nowhere 1", "put apple 1 in/on", "look.",
-    "inventory please", None, b"look", b"\xff", 0, 42, 3.5, True, ["look"], {"a": 1}, object(),
+    "",
+    " ",
+    "\n\t",
+    "x" * 10000,
+    "苹果 🍎 ñ",
+    "\x00\x01",
+    "\ud800",
+    "<action></action>",
+    "<action>look</action>",
+    "go to",
+    "take",
+    "go to nowhere 1",
+    "put apple 1 in/on",
+    "look.",
+    "inventory please",
+    None,
+    b"look",
+    b"\xff",
+    0,
+    42,
+    3.5,
+    True,
+    ["look"],
+    {"a": 1},
+    object(),
 ]
 
 
@@ -448,8 +472,7 @@ def test_random_strings_never_raise():
 
     calls = []
 
-    @settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck),
-              database=None)
+    @settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
     @given(st.text())
     def check(text):
         assume(" ".join(text.split()).lower() not in admissible)
@@ -528,8 +551,7 @@ def test_vocabulary_holds_every_printed_word():
     env = Household(difficulty=3)
     vocabulary = set(env.vocabulary())
     for task_id in range(40):
-        obs, info = env.reset(options={"split": "valid_unseen" if task_id % 2 else "train",
-                                       "task_id": task_id})
+        obs, info = env.reset(options={"split": "valid_unseen" if task_id % 2 else "train", "task_id": task_id})
         printed = set(WORDS.findall(obs))
         for _ in range(40):
             action = rng.choice(info["admissible_actions"])

@@ -140,9 +140,7 @@ def test_all_masked_batch_gives_zero():
     logp = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
     mask = torch.zeros(2, 3)
     for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
-        loss, stats = clipped_surrogate(
-            logp, logp.detach(), logp.detach(), t([1.0, 1.0]), mask, agg=agg
-        )
+        loss, stats = clipped_surrogate(logp, logp.detach(), logp.detach(), t([1.0, 1.0]), mask, agg=agg)
         close(loss, 0.0)
         loss.backward()
         assert torch.isfinite(logp.grad).all()
@@ -222,9 +220,7 @@ def test_multiplicative_clip_with_centre_above_one():
     # row 3: 3.0, -1: clip 2.4 -> min(-3, -2.4) -> 3.0, unclipped
     # row 4: 2.3, +1: inside [1.6, 2.4] -> -2.3, unclipped
     logp, old, behaviour, mask = single_token_rows(2.0, BIG_CENTRE_RATIOS)
-    loss, stats = clipped_surrogate(
-        logp, old, behaviour, t(BIG_CENTRE_ADV), mask, clip_mode="multiplicative"
-    )
+    loss, stats = clipped_surrogate(logp, old, behaviour, t(BIG_CENTRE_ADV), mask, clip_mode="multiplicative")
     close(loss, (-2.4 + 1.6 - 1.0 + 3.0 - 2.3) / 5)
     close(stats["clip_frac"], 2 / 5)
     loss.backward()
@@ -258,9 +254,7 @@ def test_max_centre_caps_the_centre():
     # multiplicative with the cap at 1.5: window [1.2, 1.8]
     # rho 3.0 +1 -> -1.8 (clipped); 1.0 -1 -> clip 1.2 -> 1.2 (clipped);
     # 0.5 -1 -> clip 1.2 -> 1.2 (clipped); 1.1 +1 -> min(1.1, 1.2) -> -1.1 (unclipped)
-    loss, stats = clipped_surrogate(
-        logp, old, behaviour, adv, mask, max_centre=1.5, clip_mode="multiplicative"
-    )
+    loss, stats = clipped_surrogate(logp, old, behaviour, adv, mask, max_centre=1.5, clip_mode="multiplicative")
     close(loss, (-1.8 + 1.2 + 1.2 - 1.1) / 4)
     close(stats["clip_frac"], 3 / 4)
     close(stats["centre_mean"], 1.5)
@@ -287,9 +281,7 @@ def test_bad_clip_options_name_the_value():
     for bad in (0, -1, 0.0, float("nan")):
         with pytest.raises(ValueError, match=f"max_centre must be > 0 or None, got {bad!r}"):
             clipped_surrogate(logp, old, behaviour, t([1.0]), mask, max_centre=bad)
-    with pytest.raises(
-        ValueError, match=r"clip_mode must be one of \['additive', 'multiplicative'\], got 'mul'"
-    ):
+    with pytest.raises(ValueError, match=r"clip_mode must be one of \['additive', 'multiplicative'\], got 'mul'"):
         clipped_surrogate(logp, old, behaviour, t([1.0]), mask, clip_mode="mul")
 
 

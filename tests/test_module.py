@@ -14,13 +14,23 @@ from rspo_lightning.policy import TinyModelConfig
 from rspo_lightning.rollout import RolloutConfig
 from rspo_lightning.types import IterationBatch, TaskSpec
 
-ENV = EnvConfig(kwargs={"task_types": ["pick_and_place"], "num_receptacles": 4, "num_distractors": 1,
-                        "num_object_types": 8, "max_steps": 4, "info_actions": False})
+ENV = EnvConfig(
+    kwargs={
+        "task_types": ["pick_and_place"],
+        "num_receptacles": 4,
+        "num_distractors": 1,
+        "num_object_types": 8,
+        "max_steps": 4,
+        "info_actions": False,
+    }
+)
 TINY = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
 
 
 def _module(**kw):
-    kw.setdefault("rollout", RolloutConfig(constrained_decoding=False, max_new_tokens=6, template="compact", system_prompt=""))
+    kw.setdefault(
+        "rollout", RolloutConfig(constrained_decoding=False, max_new_tokens=6, template="compact", system_prompt="")
+    )
     kw.setdefault("optim", OptimConfig(lr=1e-2))
     m = AgentRLModule(policy=PolicyConfig(tiny=TINY), env=ENV, **kw)
     m.configure_model()
@@ -28,9 +38,18 @@ def _module(**kw):
 
 
 def _fit(module, iterations=2, groups=2):
-    dm = AgentDataModule(env=ENV, groups_per_iteration=groups, group_size=2, iterations_per_epoch=iterations, val_splits=[])
-    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, num_sanity_val_steps=0,
-                         limit_val_batches=0, enable_progress_bar=False, enable_model_summary=False)
+    dm = AgentDataModule(
+        env=ENV, groups_per_iteration=groups, group_size=2, iterations_per_epoch=iterations, val_splits=[]
+    )
+    trainer = pl.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, dm)
     return trainer
 
@@ -76,8 +95,10 @@ def test_scoring_forward_reproduces_behaviour_logprobs():
 
 
 def test_ppo_with_shared_critic_trains_policy_and_value_head():
-    m = _module(algorithm=AlgorithmConfig(estimator="gae", estimator_kwargs={"gamma": 0.9, "lam": 0.95}),
-                critic=CriticConfig(kind="shared", lr=1e-2))
+    m = _module(
+        algorithm=AlgorithmConfig(estimator="gae", estimator_kwargs={"gamma": 0.9, "lam": 0.95}),
+        critic=CriticConfig(kind="shared", lr=1e-2),
+    )
     assert m.value_head is not None and m.critic is None
     _start_head_at_one(m.value_head)
     head0 = _snapshot(m.value_head)
@@ -89,8 +110,10 @@ def test_ppo_with_shared_critic_trains_policy_and_value_head():
 
 
 def test_asymmetric_privileged_critic_has_its_own_optimizer_and_frozen_backbone():
-    m = _module(algorithm=AlgorithmConfig(estimator="gae"),
-                critic=CriticConfig(kind="separate", source="policy", privileged=True, lr=1e-2))
+    m = _module(
+        algorithm=AlgorithmConfig(estimator="gae"),
+        critic=CriticConfig(kind="separate", source="policy", privileged=True, lr=1e-2),
+    )
     assert m.critic is not None and m.value_head is None
     torch.manual_seed(0)
     trajs = m.engine.collect([TaskSpec("rspo/Household-v0", "train", 0, 0)], 1)
@@ -108,8 +131,10 @@ def test_asymmetric_privileged_critic_has_its_own_optimizer_and_frozen_backbone(
 
 
 def test_critic_warmup_keeps_the_actor_still():
-    m = _module(algorithm=AlgorithmConfig(estimator="gae", max_grad_norm=0.0),
-                critic=CriticConfig(kind="separate", source="policy", warmup_iterations=5, lr=1e-2))
+    m = _module(
+        algorithm=AlgorithmConfig(estimator="gae", max_grad_norm=0.0),
+        critic=CriticConfig(kind="separate", source="policy", warmup_iterations=5, lr=1e-2),
+    )
     pol0 = _snapshot(m.policy)
     _start_head_at_one(m.critic.head)
     head0 = _snapshot(m.critic.head)
@@ -129,7 +154,9 @@ def test_group_size_one_with_group_relative_estimator_fails_at_setup():
 def _scored_batch(m, tasks=3, advantages=None):
     trajs = m.engine.collect([TaskSpec("rspo/Household-v0", "train", i, i) for i in range(tasks)], 2)
     flat = flatten(trajs)
-    batch = make_train_batch(flat, m.engine.pad_id, advantages if advantages is not None else torch.linspace(-1, 1, len(flat.turns)))
+    batch = make_train_batch(
+        flat, m.engine.pad_id, advantages if advantages is not None else torch.linspace(-1, 1, len(flat.turns))
+    )
     return m.score(batch)[0]
 
 
@@ -153,8 +180,15 @@ def test_non_finite_loss_skips_the_step_and_never_touches_the_weights():
         snapshots.append(_snapshot(m.policy))
         loss.backward()
 
-    result = update.ppo_update(batch, poisoned, opt, m.algo, dummy=scoring.dummy_batch(m.engine.pad_id),
-                               generator=torch.Generator().manual_seed(0), backward=backward)
+    result = update.ppo_update(
+        batch,
+        poisoned,
+        opt,
+        m.algo,
+        dummy=scoring.dummy_batch(m.engine.pad_id),
+        generator=torch.Generator().manual_seed(0),
+        backward=backward,
+    )
     assert calls["n"] == 3 and result.skipped == 1 and result.steps == 2
     first, second, third = snapshots
     assert _changed(first, _Weights(second))  # the first step moved the weights
@@ -164,8 +198,14 @@ def test_non_finite_loss_skips_the_step_and_never_touches_the_weights():
     assert all(torch.isfinite(torch.tensor(v)) for v in result.stats.values())
     # every step poisoned: nothing moves at all
     pol1 = _snapshot(m.policy)
-    result = update.ppo_update(batch, lambda mb, scale: (m.loss(mb, scale)[0] * float("nan"), {}), opt, m.algo,
-                               dummy=scoring.dummy_batch(m.engine.pad_id), generator=torch.Generator().manual_seed(0))
+    result = update.ppo_update(
+        batch,
+        lambda mb, scale: (m.loss(mb, scale)[0] * float("nan"), {}),
+        opt,
+        m.algo,
+        dummy=scoring.dummy_batch(m.engine.pad_id),
+        generator=torch.Generator().manual_seed(0),
+    )
     assert result.skipped == 3 and result.steps == 0 and not _changed(pol1, m.policy)
 
 
@@ -188,8 +228,11 @@ def test_a2tgpo_needs_a_dense_reward_and_gets_progress_signals(monkeypatch):
         AgentRLModule(policy=PolicyConfig(tiny=TINY), env=ENV, algorithm=AlgorithmConfig(estimator="a2tgpo"))
     from rspo_lightning.rewards import EnvProgressReward
 
-    m = _module(algorithm=AlgorithmConfig(estimator="a2tgpo"), dense_reward=EnvProgressReward(),
-                rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt=""))
+    m = _module(
+        algorithm=AlgorithmConfig(estimator="a2tgpo"),
+        dense_reward=EnvProgressReward(),
+        rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt=""),
+    )
     seen = {}
     original = advantages.turn_advantages
 
@@ -217,9 +260,16 @@ def test_env_step_budget_stops_the_fit():
 
     m = _module()
     dm = AgentDataModule(env=ENV, groups_per_iteration=2, group_size=2, iterations_per_epoch=50, val_splits=[])
-    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, num_sanity_val_steps=0,
-                         limit_val_batches=0, enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[EnvStepBudget(max_env_steps=20)])
+    trainer = pl.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[EnvStepBudget(max_env_steps=20)],
+    )
     trainer.fit(m, dm)
     # 4 episodes of <= 4 steps per iteration: at most 16 steps each, so 2..5 iterations reach 20
     assert m.env_steps >= 20 and m.env_steps - 16 < 20
@@ -232,7 +282,9 @@ def test_swap_partner_loss_is_added_with_its_warmed_up_coefficient():
     from rspo_lightning.config import SwapConfig
 
     torch.manual_seed(0)
-    m = _module(rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt=""))
+    m = _module(
+        rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt="")
+    )
     trajs = m.engine.collect([TaskSpec("rspo/Household-v0", "train", i, i) for i in range(3)], 2)
     flat = flatten(trajs)
     batch = make_train_batch(flat, m.engine.pad_id, torch.linspace(-1, 1, len(flat.turns)))
@@ -261,8 +313,16 @@ def test_the_startup_heap_is_frozen_while_fitting_and_given_back_after():
 
     def fit(*callbacks):
         dm = AgentDataModule(env=ENV, groups_per_iteration=2, group_size=2, iterations_per_epoch=1, val_splits=[])
-        pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0,
-                   enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks)).fit(_module(), dm)
+        pl.Trainer(
+            max_epochs=1,
+            logger=False,
+            enable_checkpointing=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=list(callbacks),
+        ).fit(_module(), dm)
 
     class _Crash(pl.Callback):
         def on_train_batch_end(self, *args):
@@ -291,10 +351,20 @@ def test_bf16_true_trains_with_a_bf16_reference_and_leaves_the_batch_alone():
 
     from rspo_lightning.types import Trajectory, Turn
 
-    turn = Turn(prompt_ids=torch.tensor([1, 2]), response_ids=torch.tensor([3]), behaviour_logprobs=torch.tensor([-0.123456789]),
-                action="look", valid=True, observation="", anchor="")
-    batch = IterationBatch(tasks=[TaskSpec("rspo/Household-v0", "train", 0, 0)], group_size=2,
-                           replay=[[Trajectory(task=TaskSpec("rspo/Household-v0", "train", 1, 1), turns=[turn])]])
+    turn = Turn(
+        prompt_ids=torch.tensor([1, 2]),
+        response_ids=torch.tensor([3]),
+        behaviour_logprobs=torch.tensor([-0.123456789]),
+        action="look",
+        valid=True,
+        observation="",
+        anchor="",
+    )
+    batch = IterationBatch(
+        tasks=[TaskSpec("rspo/Household-v0", "train", 0, 0)],
+        group_size=2,
+        replay=[[Trajectory(task=TaskSpec("rspo/Household-v0", "train", 1, 1), turns=[turn])]],
+    )
     # Lightning casts float tensors of list/dict/dataclass batches; ours passes through untouched
     assert HalfPrecision("bf16-true").convert_input(batch) is batch
     assert turn.behaviour_logprobs.dtype == torch.float32
@@ -308,8 +378,17 @@ def test_bf16_true_trains_with_a_bf16_reference_and_leaves_the_batch_alone():
     module = _module(algorithm=AlgorithmConfig(kl_coef=0.1))
     before = _snapshot(module)
     dm = AgentDataModule(env=ENV, groups_per_iteration=2, group_size=2, iterations_per_epoch=1, val_splits=[])
-    pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0, precision="bf16-true",
-               enable_progress_bar=False, enable_model_summary=False, callbacks=[_Dtypes()]).fit(module, dm)
+    pl.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        precision="bf16-true",
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[_Dtypes()],
+    ).fit(module, dm)
     assert seen == [(torch.bfloat16, torch.bfloat16)]  # the reference follows the policy's dtype
     assert _changed(before, module)
 
@@ -317,7 +396,9 @@ def test_bf16_true_trains_with_a_bf16_reference_and_leaves_the_batch_alone():
 def test_validation_uses_common_random_numbers_whatever_the_iteration():
     """Two validations of the same weights give the same numbers, also at another training
     iteration: held-out sampling is seeded by the run's seed and the batch of tasks only."""
-    m = _module(rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt=""))
+    m = _module(
+        rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt="")
+    )
     dm = AgentDataModule(env=ENV, groups_per_iteration=2, group_size=2, val_splits=["valid_seen"], num_val_tasks=16)
     trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
 

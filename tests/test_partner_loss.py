@@ -67,21 +67,27 @@ def test_knn_two_partners_uniform_and_softmax():
     logp, old, adv, mask = batch()
     loss, _ = partner_loss(logp, old, adv, mask, embeddings=t(EMB), num_partners=2)
     # every sample's partners are the other two, weight 1/2
-    expected = (0.5 * (ppo(1.5, 1) + ppo(0.9, 1)) + 0.5 * (ppo(1.1, -1) + ppo(0.9, -1))
-                + 0.5 * (ppo(1.1, 2) + ppo(1.5, 2))) / 3
+    expected = (
+        0.5 * (ppo(1.5, 1) + ppo(0.9, 1)) + 0.5 * (ppo(1.1, -1) + ppo(0.9, -1)) + 0.5 * (ppo(1.1, 2) + ppo(1.5, 2))
+    ) / 3
     close(loss, expected)
 
-    loss, _ = partner_loss(logp, old, adv, mask, embeddings=t(EMB), num_partners=2, weighting="softmax", temperature=0.5)
+    loss, _ = partner_loss(
+        logp, old, adv, mask, embeddings=t(EMB), num_partners=2, weighting="softmax", temperature=0.5
+    )
 
     def sm(a, b):  # softmax weights of similarities a, b at temperature 0.5
         ea, eb = math.exp(a / 0.5), math.exp(b / 0.5)
         return ea / (ea + eb), eb / (ea + eb)
 
-    w01, w02 = sm(0.8, 0.0)   # sample 0: partner 1 (cos 0.8), partner 2 (cos 0)
-    w10, w12 = sm(0.8, 0.6)   # sample 1: partner 0, partner 2
-    w21, w20 = sm(0.6, 0.0)   # sample 2: partner 1, partner 0
-    expected = ((w01 * ppo(1.5, 1) + w02 * ppo(0.9, 1)) + (w10 * ppo(1.1, -1) + w12 * ppo(0.9, -1))
-                + (w21 * ppo(1.5, 2) + w20 * ppo(1.1, 2))) / 3
+    w01, w02 = sm(0.8, 0.0)  # sample 0: partner 1 (cos 0.8), partner 2 (cos 0)
+    w10, w12 = sm(0.8, 0.6)  # sample 1: partner 0, partner 2
+    w21, w20 = sm(0.6, 0.0)  # sample 2: partner 1, partner 0
+    expected = (
+        (w01 * ppo(1.5, 1) + w02 * ppo(0.9, 1))
+        + (w10 * ppo(1.1, -1) + w12 * ppo(0.9, -1))
+        + (w21 * ppo(1.5, 2) + w20 * ppo(1.1, 2))
+    ) / 3
     close(loss, expected)
 
 
@@ -97,12 +103,14 @@ def test_p_swap_draws_participants_with_that_probability():
     n = 400
     logp = torch.zeros(n, 1, dtype=torch.float64)
     gen = torch.Generator().manual_seed(0)
-    _, stats = partner_loss(logp, logp, torch.ones(n, dtype=torch.float64), torch.ones(n, 1), strategy="random",
-                                 p_swap=0.3, generator=gen)
+    _, stats = partner_loss(
+        logp, logp, torch.ones(n, dtype=torch.float64), torch.ones(n, 1), strategy="random", p_swap=0.3, generator=gen
+    )
     assert 0.22 < stats["swap_frac"].item() < 0.38  # binomial(400, 0.3): sd 0.023
     gen = torch.Generator().manual_seed(0)
-    _, again = partner_loss(logp, logp, torch.ones(n, dtype=torch.float64), torch.ones(n, 1), strategy="random",
-                                 p_swap=0.3, generator=gen)
+    _, again = partner_loss(
+        logp, logp, torch.ones(n, dtype=torch.float64), torch.ones(n, 1), strategy="random", p_swap=0.3, generator=gen
+    )
     assert again["swap_frac"].item() == stats["swap_frac"].item()  # the generator makes it reproducible
 
 
@@ -121,8 +129,9 @@ def test_bucket_quantiles():
     logp = t([[LOG(1.1)], [LOG(1.0)], [LOG(0.9)], [LOG(1.05)]])
     old = torch.zeros(4, 1, dtype=torch.float64)
     adv = t([1.0, 2.0, -1.0, 3.0])
-    loss, _ = partner_loss(logp, old, adv, torch.ones(4, 1), rewards=t([0.1, 0.9, 0.2, 0.8]), strategy="bucket",
-                                num_buckets=2)
+    loss, _ = partner_loss(
+        logp, old, adv, torch.ones(4, 1), rewards=t([0.1, 0.9, 0.2, 0.8]), strategy="bucket", num_buckets=2
+    )
     # (0 -> 2): -0.9*1; (2 -> 0): -(1.1*-1) = 1.1; (1 -> 3): -1.05*2; (3 -> 1): -1.0*3
     close(loss, (-0.9 + 1.1 - 2.1 - 3.0) / 4)
 
@@ -130,8 +139,9 @@ def test_bucket_quantiles():
 def test_random_with_every_other_sample_as_partner():
     logp, old, adv, mask = batch()
     loss, _ = partner_loss(logp, old, adv, mask, strategy="random", num_partners=2)
-    expected = (0.5 * (ppo(1.5, 1) + ppo(0.9, 1)) + 0.5 * (ppo(1.1, -1) + ppo(0.9, -1))
-                + 0.5 * (ppo(1.1, 2) + ppo(1.5, 2))) / 3
+    expected = (
+        0.5 * (ppo(1.5, 1) + ppo(0.9, 1)) + 0.5 * (ppo(1.1, -1) + ppo(0.9, -1)) + 0.5 * (ppo(1.1, 2) + ppo(1.5, 2))
+    ) / 3
     close(loss, expected)
 
 

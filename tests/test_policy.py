@@ -68,7 +68,11 @@ def test_tiny_tokenizer_round_trips_an_action(tiny):
     assert len(tokenizer.encode("in/on", add_special_tokens=False)) == 1
     assert tokenizer.convert_ids_to_tokens(tokenizer.encode("1.", add_special_tokens=False)) == ["1", "."]
     assert tokenizer.convert_ids_to_tokens(tokenizer.encode("countertop 1, and", add_special_tokens=False)) == [
-        "countertop", "1", ",", "and"]
+        "countertop",
+        "1",
+        ",",
+        "and",
+    ]
     assert tokenizer.encode("zebra", add_special_tokens=False) == [tokenizer.unk_token_id]
 
 
@@ -85,9 +89,7 @@ def test_tiny_chat_template_renders(tiny):
         {"role": "user", "content": "take apple 1 from shelf 1"},
     ]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert text == (
-        "<|system|> go to shelf 1 <|end|> <|user|> take apple 1 from shelf 1 <|end|> <|assistant|>"
-    )
+    assert text == ("<|system|> go to shelf 1 <|end|> <|user|> take apple 1 from shelf 1 <|end|> <|assistant|>")
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     tokens = tokenizer.convert_ids_to_tokens(ids)
     assert tokens[0] == "<|system|>" and tokens[-1] == "<|assistant|>"
@@ -110,7 +112,10 @@ def test_tiny_saves_and_loads_through_auto_classes(tiny):
 def test_tiny_generates(tiny):
     model, tokenizer, _ = tiny
     prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "go to shelf 1"}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        [{"role": "user", "content": "go to shelf 1"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
     )
     out = model.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False)
     assert out.shape == (1, prompt["input_ids"].shape[1] + 4)
@@ -189,7 +194,7 @@ def test_smollm2_missing_package_says_how_to_install(monkeypatch):
 
 def test_gguf_without_extras_names_the_extra(monkeypatch, tmp_path):
     _hide_packages(monkeypatch, "gguf")
-    with pytest.raises(ImportError, match=r'rspo_lightning\[gguf\]'):
+    with pytest.raises(ImportError, match=r"rspo_lightning\[gguf\]"):
         load_policy(str(tmp_path), gguf_file="model.gguf")
 
 
@@ -291,8 +296,10 @@ def test_logprobs_allowed_ids_match_manual_masking_and_gradients_are_finite():
     for i in range(n):
         for t in range(length):
             ids = [a for a in allowed[i, t].tolist() if a >= 0]
-            row = z[i, t] if not ids else z[i, t].masked_fill(
-                ~torch.isin(torch.arange(vocab), torch.tensor(ids)), float("-inf")
+            row = (
+                z[i, t]
+                if not ids
+                else z[i, t].masked_fill(~torch.isin(torch.arange(vocab), torch.tensor(ids)), float("-inf"))
             )
             logp = torch.log_softmax(row, -1)
             p = logp.exp()

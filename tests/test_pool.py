@@ -47,7 +47,9 @@ def test_64_envs_in_4_workers_step_exactly_like_in_process():
         assert len(set(pids)) == 4 and pool.max_steps == [8] * 64
     assert got == expected and sum(len(s) for s in got) == 64 * 7
     time.sleep(0.2)
-    assert not any(os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z" for pid in pids)
+    assert not any(
+        os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z" for pid in pids
+    )
 
 
 def test_a_worker_killed_mid_episode_is_replaced_and_only_its_episodes_are_reported():
@@ -71,7 +73,14 @@ def test_a_worker_killed_mid_episode_is_replaced_and_only_its_episodes_are_repor
 
 
 def test_a_hang_in_a_worker_costs_only_that_call():
-    kw = {"inner_id": "rspo/Household-v0", "inner_kwargs": KW, "fault_rate": 0.0, "modes": ["hang"], "fault_at_step": 1, "hang_s": 5.0}
+    kw = {
+        "inner_id": "rspo/Household-v0",
+        "inner_kwargs": KW,
+        "fault_rate": 0.0,
+        "modes": ["hang"],
+        "fault_at_step": 1,
+        "hang_s": 5.0,
+    }
     with EnvPool("rspo/Faulty-v0", kw, num_workers=2, timeout_s=0.5) as pool:
         pool.ensure(2)
         resets = pool.reset([(0, {"split": "train", "task_id": 0}), (1, {"split": "train", "task_id": 1})])
@@ -86,10 +95,22 @@ def test_a_hang_in_a_worker_costs_only_that_call():
 
 def test_an_env_that_kills_its_worker_costs_only_the_episodes_of_that_worker(tiny_policy):
     model, tok = tiny_policy
-    cfg = RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt="", env_workers=2,
-                        env_timeout_s=10)
+    cfg = RolloutConfig(
+        constrained_decoding=True,
+        max_new_tokens=8,
+        template="compact",
+        system_prompt="",
+        env_workers=2,
+        env_timeout_s=10,
+    )
     # every env dies at its 3rd step: each worker crashes, is replaced, and the rest goes on
-    kw = {"inner_id": "rspo/Household-v0", "inner_kwargs": {**KW, "max_steps": 6}, "fault_rate": 0.0, "modes": ["die"], "fault_at_step": 2}
+    kw = {
+        "inner_id": "rspo/Household-v0",
+        "inner_kwargs": {**KW, "max_steps": 6},
+        "fault_rate": 0.0,
+        "modes": ["die"],
+        "fault_at_step": 2,
+    }
     engine = RolloutEngine(model, tok, cfg, kw)
     try:
         torch.manual_seed(0)
@@ -131,7 +152,14 @@ def test_die_mode_never_ends_the_trainer_process_and_bad_worker_counts_fail_earl
 def test_calls_answered_by_a_worker_that_then_died_are_faults_too():
     # Half the resets end their worker: whatever a dead worker had answered in the same batch is
     # lost with it, so each worker's share is all faults or all fine, and the fine ones step on.
-    kw = {"inner_id": "rspo/Household-v0", "inner_kwargs": KW, "fault_rate": 0.5, "modes": ["die"], "on_reset": True, "seed": 1}
+    kw = {
+        "inner_id": "rspo/Household-v0",
+        "inner_kwargs": KW,
+        "fault_rate": 0.5,
+        "modes": ["die"],
+        "on_reset": True,
+        "seed": 1,
+    }
     with EnvPool("rspo/Faulty-v0", kw, num_workers=2, timeout_s=10) as pool:
         pool.ensure(6)
         results = pool.reset([(i, {"split": "train", "task_id": i}) for i in range(6)])
@@ -140,7 +168,9 @@ def test_calls_answered_by_a_worker_that_then_died_are_faults_too():
         assert pool.worker_restarts == (faulty[0] + faulty[1]) >= 1
         fine = [i for i in range(6) if not faulty[i]]
         stepped = pool.step([(i, results[i][1]["admissible_actions"][0]) for i in fine])
-        assert all(isinstance(r, tuple) or "worker process died" in str(r) for r in stepped)  # never "step before reset"
+        assert all(
+            isinstance(r, tuple) or "worker process died" in str(r) for r in stepped
+        )  # never "step before reset"
 
 
 def test_a_batch_of_calls_with_one_hung_call_in_the_middle():
@@ -162,10 +192,17 @@ def test_timed_caller_times_each_call_not_the_batch():
     caller = _TimedCaller(timeout_s=0.3)
     try:
         # four calls of 0.15 s: 0.6 s in all, twice the timeout, yet none is late
-        assert caller.run([lambda k=k: time.sleep(0.15) or k for k in range(4)]) == [(True, 0), (True, 1), (True, 2), (True, 3)]
+        assert caller.run([lambda k=k: time.sleep(0.15) or k for k in range(4)]) == [
+            (True, 0),
+            (True, 1),
+            (True, 2),
+            (True, 3),
+        ]
         out = caller.run([lambda: "a", lambda: time.sleep(2.0), lambda: "c", lambda: 1 / 0])
         assert out[0] == (True, "a") and out[2] == (True, "c")
         assert out[1][0] is False and isinstance(out[1][1], EnvFault) and "timed out after 0.3 s" in str(out[1][1])
-        assert out[3][0] is False and isinstance(out[3][1], ZeroDivisionError)  # the calls after a hang run in a fresh thread
+        assert out[3][0] is False and isinstance(
+            out[3][1], ZeroDivisionError
+        )  # the calls after a hang run in a fresh thread
     finally:
         caller.shutdown()

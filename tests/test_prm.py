@@ -44,9 +44,16 @@ def make_module(policy_dir, **kw) -> ProcessRewardModule:
 
 
 def turn(prompt, response, observation="", valid=True, outcome=0.0):
-    return Turn(prompt_ids=torch.tensor(prompt, dtype=torch.long), response_ids=torch.tensor(response, dtype=torch.long),
-                behaviour_logprobs=torch.zeros(len(response)), action="a", valid=valid, observation=observation, anchor="",
-                outcome_reward=outcome)
+    return Turn(
+        prompt_ids=torch.tensor(prompt, dtype=torch.long),
+        response_ids=torch.tensor(response, dtype=torch.long),
+        behaviour_logprobs=torch.zeros(len(response)),
+        action="a",
+        valid=valid,
+        observation=observation,
+        anchor="",
+        outcome_reward=outcome,
+    )
 
 
 def traj(turns, score=0.0, task_id=0):
@@ -103,12 +110,12 @@ def test_module_loss_with_a_fixed_head_by_hand(policy_dir, head):
     b = traj([turn([5], [7]), turn([5], [8]), turn([5], [9, 10])], score=0.0)
     loss, mae = module.episode_loss([a, b])
     # c_t = 0.25: sums 0.5 (2 turns) and 0.75 (3 turns) against (1, 0)
-    assert loss.item() == pytest.approx(((0.5 - 1.0) ** 2 + 0.75 ** 2) / 2)
+    assert loss.item() == pytest.approx(((0.5 - 1.0) ** 2 + 0.75**2) / 2)
     assert mae.item() == pytest.approx((0.5 + 0.75) / 2)
     module.target = "outcome"  # R(τ) = sum of outcome rewards: (0, 10)
     b.turns[-1].outcome_reward = 10.0
     loss, _ = module.episode_loss([a, b])
-    assert loss.item() == pytest.approx((0.5 ** 2 + (0.75 - 10.0) ** 2) / 2)
+    assert loss.item() == pytest.approx((0.5**2 + (0.75 - 10.0) ** 2) / 2)
 
 
 def test_head_reads_the_hidden_state_at_each_turns_last_token(policy_dir):
@@ -236,7 +243,8 @@ def test_reward_default_grounding_is_bounded(policy_dir):
     assert reward.turn_rewards(episode) == pytest.approx([0.25, 0.15])  # penalty: 0.25 - 0.1 on the invalid turn
     # success 2 over 4 steps -> 2 / 8 = 0.25
     assert ProcessRewardModelReward(module, success_reward=2.0, max_steps=4, grounding_mode="bonus").turn_rewards(
-        episode) == pytest.approx([0.5, 0.25])
+        episode
+    ) == pytest.approx([0.5, 0.25])
     with pytest.raises(ValueError, match="grounding=0.5 per valid turn over max_steps=50"):
         ProcessRewardModelReward(module, grounding=0.5)
 
@@ -247,7 +255,9 @@ def test_freeze_backbone_trains_the_head_only(policy_dir):
     assert not module.backbone.training
     before = {k: v.clone() for k, v in module.backbone.state_dict().items()}
     opt = module.configure_optimizers()["optimizer"]
-    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == sum(p.numel() for p in module.head.parameters())
+    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == sum(
+        p.numel() for p in module.head.parameters()
+    )
     episodes = [traj([turn([5], [7]), turn([5], [8])], score=1.0)]
     for _ in range(3):
         loss, _ = module.episode_loss(episodes)
@@ -275,15 +285,24 @@ def test_fit_lowers_the_loss_and_exports_a_loadable_reward(policy_dir, tmp_path)
     dm = TrajectoryEpisodeDataModule(path, batch_size=8, val_fraction=0.0)
     dm.setup("fit")
     assert len(dm.train_episodes) == 16  # the empty trajectory is left out
-    module = ProcessRewardModule(policy=PolicyConfig(source=policy_dir), optim=OptimConfig(lr=1e-3), head="mlp_tanh",
-                                 max_length=64)
+    module = ProcessRewardModule(
+        policy=PolicyConfig(source=policy_dir), optim=OptimConfig(lr=1e-3), head="mlp_tanh", max_length=64
+    )
     module.configure_model()
     with torch.no_grad():
         before, _ = module.episode_loss(dm.train_episodes)
     assert before.item() == pytest.approx(0.5)  # c_t = 0 at the start: mean(R^2) with half of R = 1
 
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=30, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=30,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    )
     trainer.fit(module, dm)
     assert "train/prm_loss" in trainer.callback_metrics
     module.eval()
@@ -329,10 +348,25 @@ def test_prm_config_instantiates(policy_dir, tmp_path):
     assert _names_a_class(["fit", "--config", config])
     path = str(tmp_path / "episodes.jsonl")
     save_trajectories(path, synthetic_episodes(4, win_id=11, lose_id=12))
-    args = ["--config", config, "--model.policy.source", policy_dir, "--data.train_path", path,
-            "--trainer.logger.init_args.save_dir", str(tmp_path)]
-    cli = AgentCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True, run=False,
-                   args=args, auto_configure_optimizers=False)
+    args = [
+        "--config",
+        config,
+        "--model.policy.source",
+        policy_dir,
+        "--data.train_path",
+        path,
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+    ]
+    cli = AgentCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        run=False,
+        args=args,
+        auto_configure_optimizers=False,
+    )
     assert isinstance(cli.model, ProcessRewardModule) and isinstance(cli.datamodule, TrajectoryEpisodeDataModule)
     assert cli.model.head_kind == "mlp_tanh" and not cli.model.freeze_backbone
 
@@ -400,29 +434,80 @@ def test_the_process_reward_flow_end_to_end_on_household(tmp_path, capfd):
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cfg = os.path.join(root, "configs")
-    small = ["--model.policy.tiny.hidden_size=32", "--model.policy.tiny.intermediate_size=64", "--model.policy.tiny.num_layers=1",
-             "--trainer.enable_progress_bar=false"]
-    main(["fit", "--config", f"{cfg}/compare/grpo.yaml", f"--trainer.default_root_dir={tmp_path}/run", "--trainer.max_epochs=1",
-          "--data.iterations_per_epoch=1", "--data.groups_per_iteration=2", "--data.num_val_tasks=2",
-          "--trainer.num_sanity_val_steps=0", *small])
+    small = [
+        "--model.policy.tiny.hidden_size=32",
+        "--model.policy.tiny.intermediate_size=64",
+        "--model.policy.tiny.num_layers=1",
+        "--trainer.enable_progress_bar=false",
+    ]
+    main(
+        [
+            "fit",
+            "--config",
+            f"{cfg}/compare/grpo.yaml",
+            f"--trainer.default_root_dir={tmp_path}/run",
+            "--trainer.max_epochs=1",
+            "--data.iterations_per_epoch=1",
+            "--data.groups_per_iteration=2",
+            "--data.num_val_tasks=2",
+            "--trainer.num_sanity_val_steps=0",
+            *small,
+        ]
+    )
     export(str(tmp_path / "run" / "compare_grpo" / "checkpoints" / "last.ckpt"), str(tmp_path / "policy"))
-    main(["predict", "--config", f"{cfg}/compare/grpo.yaml", f"--model.policy.source={tmp_path}/policy",
-          f"--trainer.default_root_dir={tmp_path}/rec", f"--model.predict_path={tmp_path}/rec/episodes.jsonl", "--data.predict_splits=[train]", "--data.predict_samples=8",
-          "--data.num_val_tasks=32", "--model.val_temperature=1.0", "--trainer.enable_progress_bar=false"])
+    main(
+        [
+            "predict",
+            "--config",
+            f"{cfg}/compare/grpo.yaml",
+            f"--model.policy.source={tmp_path}/policy",
+            f"--trainer.default_root_dir={tmp_path}/rec",
+            f"--model.predict_path={tmp_path}/rec/episodes.jsonl",
+            "--data.predict_splits=[train]",
+            "--data.predict_samples=8",
+            "--data.num_val_tasks=32",
+            "--model.val_temperature=1.0",
+            "--trainer.enable_progress_bar=false",
+        ]
+    )
     episodes = load_trajectories(str(tmp_path / "rec" / "episodes.jsonl"))
     assert len(episodes) == 256 and 0 < sum(t.success for t in episodes) < 256  # won and lost
-    main(["fit", "--config", f"{cfg}/household/prm.yaml", f"--model.init_args.policy.source={tmp_path}/policy",
-          f"--data.init_args.train_path={tmp_path}/rec/episodes.jsonl", "--data.init_args.val_fraction=0.3",
-          "--trainer.max_epochs=3", f"--trainer.default_root_dir={tmp_path}/prm", f"--trainer.logger.init_args.save_dir={tmp_path}/prm",
-          "--trainer.enable_progress_bar=false"])
+    main(
+        [
+            "fit",
+            "--config",
+            f"{cfg}/household/prm.yaml",
+            f"--model.init_args.policy.source={tmp_path}/policy",
+            f"--data.init_args.train_path={tmp_path}/rec/episodes.jsonl",
+            "--data.init_args.val_fraction=0.3",
+            "--trainer.max_epochs=3",
+            f"--trainer.default_root_dir={tmp_path}/prm",
+            f"--trainer.logger.init_args.save_dir={tmp_path}/prm",
+            "--trainer.enable_progress_bar=false",
+        ]
+    )
     printed = capfd.readouterr().out
     assert "held-out ranking: ROC AUC" in printed
     print(next(line for line in printed.splitlines() if line.startswith("prm:")))
     prm = tmp_path / "prm" / "household_prm" / "version_0" / "prm"
     assert json.loads((prm / "prm_config.json").read_text())["head"] == "mlp_tanh"
-    main(["fit", "--config", f"{cfg}/compare/grpo_rspo.yaml", f"--model.policy.source={tmp_path}/policy",
-          "--model.dense_reward=rspo_lightning.rewards.ProcessRewardModelReward", f"--model.dense_reward.init_args.model={prm}",
-          "--model.dense_reward.init_args.max_steps=10", "--trainer.callbacks.k=1", "--data.iterations_per_epoch=3",
-          "--trainer.max_epochs=1", "--data.groups_per_iteration=2", "--data.num_val_tasks=2", "--trainer.num_sanity_val_steps=0",
-          f"--trainer.default_root_dir={tmp_path}/rspo", "--trainer.enable_progress_bar=false"])
+    main(
+        [
+            "fit",
+            "--config",
+            f"{cfg}/compare/grpo_rspo.yaml",
+            f"--model.policy.source={tmp_path}/policy",
+            "--model.dense_reward=rspo_lightning.rewards.ProcessRewardModelReward",
+            f"--model.dense_reward.init_args.model={prm}",
+            "--model.dense_reward.init_args.max_steps=10",
+            "--trainer.callbacks.k=1",
+            "--data.iterations_per_epoch=3",
+            "--trainer.max_epochs=1",
+            "--data.groups_per_iteration=2",
+            "--data.num_val_tasks=2",
+            "--trainer.num_sanity_val_steps=0",
+            f"--trainer.default_root_dir={tmp_path}/rspo",
+            "--trainer.enable_progress_bar=false",
+        ]
+    )
     assert (tmp_path / "rspo" / "compare_grpo_rspo" / "checkpoints" / "last.ckpt").exists()

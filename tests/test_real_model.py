@@ -32,7 +32,11 @@ def test_smollm2_plays_one_household_turn():
         # the chat template was applied: the prompt ends with the assistant header
         assert tok.decode(turn.prompt_ids[-4:]).strip().endswith("assistant")
     # constrained decoding makes even this small model emit an admissible action
-    engine_c = RolloutEngine(model, tok, RolloutConfig(max_new_tokens=40, max_turns=1, constrained_decoding=True),
-                             {"task_types": ["pick_and_place"], "num_receptacles": 6})
+    engine_c = RolloutEngine(
+        model,
+        tok,
+        RolloutConfig(max_new_tokens=40, max_turns=1, constrained_decoding=True),
+        {"task_types": ["pick_and_place"], "num_receptacles": 6},
+    )
     (traj,) = engine_c.collect([TaskSpec("rspo/Household-v0", "train", 0, 0)], group_size=1)
     assert traj.turns[0].valid, tok.decode(traj.turns[0].response_ids)

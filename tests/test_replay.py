@@ -10,11 +10,26 @@ from rspo_lightning.types import TaskSpec, Trajectory, Turn
 
 
 def _traj(group_id, reward, tag="B"):
-    turn = Turn(prompt_ids=torch.tensor([1, 2, 3]), response_ids=torch.tensor([4, 5]),
-                behaviour_logprobs=torch.tensor([-0.5, -0.25]), action="go to shelf 1", valid=True,
-                observation="o", anchor="a", outcome_reward=reward, dense_reward=0.3)
-    return Trajectory(task=TaskSpec("rspo/Household-v0", "train", group_id, group_id), turns=[turn],
-                      success=reward > 0, score=float(reward > 0), task_type="pick_and_place", policy_tag=tag, iteration=7)
+    turn = Turn(
+        prompt_ids=torch.tensor([1, 2, 3]),
+        response_ids=torch.tensor([4, 5]),
+        behaviour_logprobs=torch.tensor([-0.5, -0.25]),
+        action="go to shelf 1",
+        valid=True,
+        observation="o",
+        anchor="a",
+        outcome_reward=reward,
+        dense_reward=0.3,
+    )
+    return Trajectory(
+        task=TaskSpec("rspo/Household-v0", "train", group_id, group_id),
+        turns=[turn],
+        success=reward > 0,
+        score=float(reward > 0),
+        task_type="pick_and_place",
+        policy_tag=tag,
+        iteration=7,
+    )
 
 
 def _group(group_id, rewards):

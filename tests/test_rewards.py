@@ -8,8 +8,19 @@ from rspo_lightning.types import TaskSpec, Trajectory, Turn
 
 
 def _traj(progress, initial=0.0):
-    turns = [Turn(prompt_ids=torch.tensor([1]), response_ids=torch.tensor([2]), behaviour_logprobs=torch.tensor([0.0]),
-                  action="a", valid=True, observation="o", anchor="s", progress=p) for p in progress]
+    turns = [
+        Turn(
+            prompt_ids=torch.tensor([1]),
+            response_ids=torch.tensor([2]),
+            behaviour_logprobs=torch.tensor([0.0]),
+            action="a",
+            valid=True,
+            observation="o",
+            anchor="s",
+            progress=p,
+        )
+        for p in progress
+    ]
     return Trajectory(task=TaskSpec("rspo/Household-v0", "train", 0, 0), turns=turns, initial_progress=initial)
 
 

@@ -1,9 +1,9 @@
 """Rollout exactness: stored ids are the generated ids; stored log-probs are reproducible."""
 
 import torch
-
 from conftest import EASY_ENV
 from rollout_helpers import forward_logprobs
+
 from rspo_lightning.batching import flatten, left_pad, make_train_batch
 from rspo_lightning.rollout import RolloutConfig, RolloutEngine
 from rspo_lightning.trie import ActionTrie, TrieConstraint
@@ -137,7 +137,9 @@ def test_prompt_over_the_context_drops_history_then_cuts_the_observation(tiny_po
     history = [HistoryEntry("You arrive at shelf 1.", "go to shelf 1")] * 3
     obs = "You arrive at fridge 1. " * 10
     full = build_turn_prompt(tok, cfg, info, obs, history, 3)
-    no_history = build_turn_prompt(tok, RolloutConfig(template="compact", history_window=0, system_prompt=""), info, obs, history, 3)
+    no_history = build_turn_prompt(
+        tok, RolloutConfig(template="compact", history_window=0, system_prompt=""), info, obs, history, 3
+    )
     assert len(no_history) < len(full)
     # a budget that fits without history: the history goes, the observation stays whole
     assert build_turn_prompt(tok, cfg, info, obs, history, 3, max_tokens=len(no_history)) == no_history
@@ -162,7 +164,10 @@ def test_batched_prompt_building_gives_the_ids_of_one_by_one(tiny_policy):
     _, tok = tiny_policy
     cfg = RolloutConfig(template="compact", history_window=2, system_prompt="")
     info = {"task": "put a apple in fridge.", "admissible_actions": ["go to fridge 1", "go to shelf 1"]}
-    turns = [(info, "You arrive at fridge 1. " * k, [HistoryEntry("You arrive at shelf 1.", "go to shelf 1")] * k, k) for k in range(5)]
+    turns = [
+        (info, "You arrive at fridge 1. " * k, [HistoryEntry("You arrive at shelf 1.", "go to shelf 1")] * k, k)
+        for k in range(5)
+    ]
     one_by_one = [build_turn_prompt(tok, cfg, *t) for t in turns]
     assert build_turn_prompts(tok, cfg, turns) == one_by_one and len(set(map(len, one_by_one))) == 5
     # with a budget the long ones are shrunk exactly as alone
@@ -178,8 +183,9 @@ def _byte_level_bpe():
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|end|>", "<action>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|end|>", "<action>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     backend.train_from_iterator(["go to the fridge 1\n\nYou arrive at shelf 2.  Then  look."] * 20, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|end|>")
 
@@ -188,8 +194,15 @@ def test_encode_texts_equals_the_tokenizer_call_on_both_paths(tiny_policy):
     from rspo_lightning.prompts import encode_texts
 
     _, tiny = tiny_policy
-    texts = ["go to fridge 1", "You arrive at shelf 1 .", "go to fridge 1", "", "<action> go to fridge 1 </action>",
-             "two\n\nlines  with   spaces", "You arrive at shelf 1 ."]
+    texts = [
+        "go to fridge 1",
+        "You arrive at shelf 1 .",
+        "go to fridge 1",
+        "",
+        "<action> go to fridge 1 </action>",
+        "two\n\nlines  with   spaces",
+        "You arrive at shelf 1 .",
+    ]
     for tok in (tiny, _byte_level_bpe()):
         expected = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
         assert encode_texts(tok, texts) == expected  # the direct Rust path

@@ -7,10 +7,10 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from rspo_lightning.callbacks.rspo import RSPOLoop, repeat_visit_rate, replay_groups_per_rank
 from rspo_lightning import scoring, update
 from rspo_lightning.advantages import turn_advantages
 from rspo_lightning.batching import flatten, make_train_batch
+from rspo_lightning.callbacks.rspo import RSPOLoop, repeat_visit_rate, replay_groups_per_rank
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.datamodules import AgentDataModule
 from rspo_lightning.module import AgentRLModule
@@ -19,23 +19,52 @@ from rspo_lightning.rewards import EnvProgressReward
 from rspo_lightning.rollout import RolloutConfig
 from rspo_lightning.types import IterationBatch, TaskSpec, Trajectory, Turn
 
-ENV = EnvConfig(kwargs={"task_types": ["pick_and_place"], "num_receptacles": 3, "num_distractors": 0,
-                        "num_object_types": 4, "max_steps": 4, "info_actions": False})
+ENV = EnvConfig(
+    kwargs={
+        "task_types": ["pick_and_place"],
+        "num_receptacles": 3,
+        "num_distractors": 0,
+        "num_object_types": 4,
+        "max_steps": 4,
+        "info_actions": False,
+    }
+)
 TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64)
-ROLLOUT = RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt="", history_window=1)
+ROLLOUT = RolloutConfig(
+    constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt="", history_window=1
+)
 
 
 def _module(estimator="grpo", **kw):
-    algo = AlgorithmConfig(estimator=estimator, ppo_epochs=1, minibatch_size=64,
-                           estimator_kwargs={"gamma": 0.9, "lam": 0.9} if estimator == "gae" else {})
-    return AgentRLModule(policy=PolicyConfig(tiny=TINY), env=ENV, algorithm=algo, optim=OptimConfig(lr=5e-3),
-                         rollout=ROLLOUT, dense_reward=EnvProgressReward(), **kw)
+    algo = AlgorithmConfig(
+        estimator=estimator,
+        ppo_epochs=1,
+        minibatch_size=64,
+        estimator_kwargs={"gamma": 0.9, "lam": 0.9} if estimator == "gae" else {},
+    )
+    return AgentRLModule(
+        policy=PolicyConfig(tiny=TINY),
+        env=ENV,
+        algorithm=algo,
+        optim=OptimConfig(lr=5e-3),
+        rollout=ROLLOUT,
+        dense_reward=EnvProgressReward(),
+        **kw,
+    )
 
 
 def _trainer(callbacks, max_epochs, **kw):
-    return pl.Trainer(max_epochs=max_epochs, logger=False, num_sanity_val_steps=0, limit_val_batches=0,
-                      enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
-                      enable_checkpointing=kw.pop("enable_checkpointing", False), **kw)
+    return pl.Trainer(
+        max_epochs=max_epochs,
+        logger=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        enable_checkpointing=kw.pop("enable_checkpointing", False),
+        **kw,
+    )
 
 
 def _loop(**kw):
@@ -61,8 +90,15 @@ class Recorder(pl.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         # runs after RSPOLoop's hook (callbacks run in list order)
-        self.rows.append({"tag": batch.policy_tag, "mode": batch.reward_mode, "tasks": len(batch.tasks),
-                          "replay": len(batch.replay), "params_before": _params(pl_module)})
+        self.rows.append(
+            {
+                "tag": batch.policy_tag,
+                "mode": batch.reward_mode,
+                "tasks": len(batch.tasks),
+                "replay": len(batch.replay),
+                "params_before": _params(pl_module),
+            }
+        )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         row = self.rows[-1]
@@ -153,11 +189,25 @@ def test_replay_groups_per_rank_is_global_alpha_split_over_ranks():
     # 16 groups over all ranks (the paper's setting); expected counts worked out by hand:
     # alpha * 16 = 1, 2, 4, 8 replay groups in total, split evenly, the first ranks one more.
     expected = {
-        (1, 1 / 16): [1], (1, 1 / 8): [2], (1, 1 / 4): [4], (1, 1 / 2): [8],
-        (2, 1 / 16): [1, 0], (2, 1 / 8): [1, 1], (2, 1 / 4): [2, 2], (2, 1 / 2): [4, 4],
-        (4, 1 / 16): [1, 0, 0, 0], (4, 1 / 8): [1, 1, 0, 0], (4, 1 / 4): [1, 1, 1, 1], (4, 1 / 2): [2, 2, 2, 2],
-        (8, 1 / 16): [1] + [0] * 7, (8, 1 / 8): [1, 1] + [0] * 6, (8, 1 / 4): [1] * 4 + [0] * 4, (8, 1 / 2): [1] * 8,
-        (16, 1 / 16): [1] + [0] * 15, (16, 1 / 8): [1, 1] + [0] * 14, (16, 1 / 4): [1] * 4 + [0] * 12,
+        (1, 1 / 16): [1],
+        (1, 1 / 8): [2],
+        (1, 1 / 4): [4],
+        (1, 1 / 2): [8],
+        (2, 1 / 16): [1, 0],
+        (2, 1 / 8): [1, 1],
+        (2, 1 / 4): [2, 2],
+        (2, 1 / 2): [4, 4],
+        (4, 1 / 16): [1, 0, 0, 0],
+        (4, 1 / 8): [1, 1, 0, 0],
+        (4, 1 / 4): [1, 1, 1, 1],
+        (4, 1 / 2): [2, 2, 2, 2],
+        (8, 1 / 16): [1] + [0] * 7,
+        (8, 1 / 8): [1, 1] + [0] * 6,
+        (8, 1 / 4): [1] * 4 + [0] * 4,
+        (8, 1 / 2): [1] * 8,
+        (16, 1 / 16): [1] + [0] * 15,
+        (16, 1 / 8): [1, 1] + [0] * 14,
+        (16, 1 / 4): [1] * 4 + [0] * 12,
         (16, 1 / 2): [1] * 8 + [0] * 8,
     }
     for (world, alpha), counts in expected.items():
@@ -240,9 +290,13 @@ def test_rspo_runs_with_ppo_and_gigpo(estimator):
 
 
 def test_bad_arguments_and_missing_dense_source():
-    for kw, match in [({"k": 0}, "k must be >= 1"), ({"offline_ratio": 1.0}, r"offline_ratio must be in \[0, 1\)"),
-                      ({"explorer_reward": "x"}, "explorer_reward"), ({"replay_from": "x"}, "replay_from"),
-                      ({"collect_groups": 0}, "collect_groups")]:
+    for kw, match in [
+        ({"k": 0}, "k must be >= 1"),
+        ({"offline_ratio": 1.0}, r"offline_ratio must be in \[0, 1\)"),
+        ({"explorer_reward": "x"}, "explorer_reward"),
+        ({"replay_from": "x"}, "replay_from"),
+        ({"collect_groups": 0}, "collect_groups"),
+    ]:
         with pytest.raises(ValueError, match=match):
             RSPOLoop(**kw)
     m = AgentRLModule(policy=PolicyConfig(tiny=TINY), env=ENV, rollout=ROLLOUT)
@@ -252,8 +306,18 @@ def test_bad_arguments_and_missing_dense_source():
 
 def test_exploration_metric_counts_repeated_anchors_in_window():
     def traj(anchors):
-        turns = [Turn(prompt_ids=torch.tensor([1]), response_ids=torch.tensor([1]), behaviour_logprobs=torch.tensor([0.0]),
-                      action="a", valid=True, observation="o", anchor=a) for a in anchors]
+        turns = [
+            Turn(
+                prompt_ids=torch.tensor([1]),
+                response_ids=torch.tensor([1]),
+                behaviour_logprobs=torch.tensor([0.0]),
+                action="a",
+                valid=True,
+                observation="o",
+                anchor=a,
+            )
+            for a in anchors
+        ]
         return Trajectory(task=TaskSpec("x", "train", 0, 0), turns=turns)
 
     # a b a b c: with window 2 turns 3 and 4 repeat (2 of 5); window 1 none repeat
@@ -264,6 +328,7 @@ def test_exploration_metric_counts_repeated_anchors_in_window():
 
 
 # -- reusable outside this package ------------------------------------------------------------
+
 
 class MinimalAgent(pl.LightningModule):
     """Not an AgentRLModule: one scalar parameter, fake episodes, SGD; offers the RSPOAgent protocol."""
@@ -278,8 +343,17 @@ class MinimalAgent(pl.LightningModule):
         self.seen = []
 
     def _episode(self, task, tag):
-        turn = Turn(prompt_ids=torch.tensor([1]), response_ids=torch.tensor([1]), behaviour_logprobs=torch.tensor([float(self.w)]),
-                    action="go", valid=True, observation="o", anchor="s", outcome_reward=1.0, dense_reward=0.5)
+        turn = Turn(
+            prompt_ids=torch.tensor([1]),
+            response_ids=torch.tensor([1]),
+            behaviour_logprobs=torch.tensor([float(self.w)]),
+            action="go",
+            valid=True,
+            observation="o",
+            anchor="s",
+            outcome_reward=1.0,
+            dense_reward=0.5,
+        )
         return Trajectory(task=task, turns=[turn], success=True, policy_tag=tag)
 
     def collect(self, tasks, group_size, policy_tag="A", purpose="train"):
@@ -322,12 +396,23 @@ def _identity(x):
 def test_rspo_loop_drives_a_module_that_is_not_ours():
     m = MinimalAgent()
     loop = _loop(k=2, offline_ratio=1 / 8)
-    pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-               enable_model_summary=False, callbacks=[loop]).fit(m)
+    pl.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[loop],
+    ).fit(m)
     # (tag, mode, on-policy groups, replay groups, w at the step); in the collect iteration B
     # plays before the step, then A (w = 0) is restored, so the empty step already sees A
-    assert m.seen[:5] == [("B", "dense", 16, 0, 0.0), ("B", "dense", 16, 0, 1.0), ("B", "outcome", 0, 0, 0.0),
-                          ("A", "outcome", 14, 2, 0.0), ("A", "outcome", 14, 2, 1.0)]
+    assert m.seen[:5] == [
+        ("B", "dense", 16, 0, 0.0),
+        ("B", "dense", 16, 0, 1.0),
+        ("B", "outcome", 0, 0, 0.0),
+        ("A", "outcome", 14, 2, 0.0),
+        ("A", "outcome", 14, 2, 1.0),
+    ]
     assert m.seen[5][4] == 2.0 and m.seen[8][4] == 2.0  # A restored after the second B phase
     stored = [t for g in loop.buffer.groups for t in g]
     assert stored and all(turn.dense_reward == 0.0 and turn.outcome_reward == 1.0 for t in stored for turn in t.turns)
@@ -340,7 +425,10 @@ def test_rspo_loop_names_what_a_module_lacks():
             self.iteration = 0
 
     loop = RSPOLoop(explorer_reward="outcome")
-    with pytest.raises(TypeError, match=r"RSPOAgent.*lacks \['dense_reward', 'last_trajectories', 'collect', 'snapshot_trainable', 'restore_trainable'\]"):
+    with pytest.raises(
+        TypeError,
+        match=r"RSPOAgent.*lacks \['dense_reward', 'last_trajectories', 'collect', 'snapshot_trainable', 'restore_trainable'\]",
+    ):
         loop.setup(None, NotAnAgent(), "fit")
 
 
@@ -361,10 +449,23 @@ def test_validation_during_b_phase_measures_agent_a():
         def on_validation_end(self, trainer, pl_module):
             seen["after_val"] = _params(pl_module)
 
-    trainer = pl.Trainer(max_epochs=1, logger=False, num_sanity_val_steps=0, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False, callbacks=[loop, Probe()])
-    dm = AgentDataModule(env=ENV, groups_per_iteration=4, group_size=2, iterations_per_epoch=2,
-                         val_splits=["valid_seen"], num_val_tasks=2)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        logger=False,
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=[loop, Probe()],
+    )
+    dm = AgentDataModule(
+        env=ENV,
+        groups_per_iteration=4,
+        group_size=2,
+        iterations_per_epoch=2,
+        val_splits=["valid_seen"],
+        num_val_tasks=2,
+    )
     trainer.fit(m, dm)  # one epoch of 2 iterations: validation runs after B's 2 explore iterations
     assert _equal(seen["val"], seen["a"])
     assert not _equal(seen["after_val"], seen["a"]) and _equal(seen["after_val"], _params(m))
@@ -372,10 +473,21 @@ def test_validation_during_b_phase_measures_agent_a():
 
 # -- the replay carries gradient, alpha is a weight ----------------------------------------------
 
+
 def _hand_traj(group_id, won, n_turns=1):
-    turns = [Turn(prompt_ids=torch.tensor([1, 2]), response_ids=torch.tensor([3]), behaviour_logprobs=torch.tensor([-0.5]),
-                  action="go", valid=True, observation="o", anchor=f"s{t}", outcome_reward=10.0 if won and t == n_turns - 1 else 0.0)
-             for t in range(n_turns)]
+    turns = [
+        Turn(
+            prompt_ids=torch.tensor([1, 2]),
+            response_ids=torch.tensor([3]),
+            behaviour_logprobs=torch.tensor([-0.5]),
+            action="go",
+            valid=True,
+            observation="o",
+            anchor=f"s{t}",
+            outcome_reward=10.0 if won and t == n_turns - 1 else 0.0,
+        )
+        for t in range(n_turns)
+    ]
     return Trajectory(task=TaskSpec("rspo/Household-v0", "train", group_id, group_id), turns=turns, success=won)
 
 
@@ -413,8 +525,12 @@ def test_alpha_weighting_of_the_policy_loss_by_hand():
     m.configure_model()
     trajs = m.engine.collect([TaskSpec("rspo/Household-v0", "train", i, i) for i in range(2)], 2)
     turns = [t for tr in trajs for t in tr.turns][:3]
-    flat = flatten([Trajectory(task=TaskSpec("x", "train", 0, 0), turns=turns[:2]),
-                    Trajectory(task=TaskSpec("x", "train", 1, 1), turns=turns[2:], source="replay")])
+    flat = flatten(
+        [
+            Trajectory(task=TaskSpec("x", "train", 0, 0), turns=turns[:2]),
+            Trajectory(task=TaskSpec("x", "train", 1, 1), turns=turns[2:], source="replay"),
+        ]
+    )
     adv = torch.tensor([1.0, -2.0, 4.0])
     batch = make_train_batch(flat, m.engine.pad_id, adv)
     batch, _ = m.score(batch)  # old := current log-probs, and on-policy behaviour := old
@@ -441,7 +557,9 @@ def test_validate_and_predict_of_a_mid_b_checkpoint_measure_agent_a(tmp_path):
     _trainer([_loop(k=2), ckpt], max_epochs=1, enable_checkpointing=True).fit(m, _dm(ipe=1))
     state = torch.load(tmp_path / "last.ckpt", weights_only=True)
     snapshot = next(v["snapshot"] for v in state["callbacks"].values() if isinstance(v, dict) and "snapshot" in v)
-    assert snapshot is not None and any(not torch.equal(snapshot["params"][k], state["state_dict"][k]) for k in snapshot["params"])
+    assert snapshot is not None and any(
+        not torch.equal(snapshot["params"][k], state["state_dict"][k]) for k in snapshot["params"]
+    )
     dm = AgentDataModule(env=ENV, groups_per_iteration=4, group_size=2, val_splits=["valid_seen"], num_val_tasks=3)
     for stage in ("validate", "predict"):
         fresh = _module(predict_path=str(tmp_path / "episodes.jsonl"))
@@ -462,8 +580,10 @@ def test_online_baseline_joins_a_replayed_win_to_a_s_group_on_the_same_task():
     loop._store([_hand_traj(3, True), _hand_traj(3, True)], count=True)  # all-won: stored advantage 0
     assert loop.buffer.num_candidates() == 2  # still drawable: its advantage is decided against A's group
     replay = loop.buffer.sample(1)
-    batch = IterationBatch(tasks=[TaskSpec("rspo/Household-v0", "train", 5, 100), TaskSpec("rspo/Household-v0", "train", 6, 101)],
-                           group_size=2)
+    batch = IterationBatch(
+        tasks=[TaskSpec("rspo/Household-v0", "train", 5, 100), TaskSpec("rspo/Household-v0", "train", 6, 101)],
+        group_size=2,
+    )
     mix_replay(batch, replay, 2, join_online=True)
     # one trajectory takes ceil(1/2) = 1 slot; the remaining group (id 100) now plays the replayed task 3
     assert batch.tasks == [TaskSpec("rspo/Household-v0", "train", 3, 100)]
@@ -499,6 +619,7 @@ def test_a_fit_with_the_online_baseline_trains_replay_in_a_s_groups():
 
 
 # -- B's data used, slots that carry signal, fair ends, metrics of the policy they name ---------
+
 
 def test_explore_and_collect_rollouts_all_enter_d_with_their_behaviour_logprobs():
     """``buffer_from: explore+collect``: after one loop D holds the episodes of all k + 1 of B's
@@ -573,9 +694,11 @@ def test_positive_slots_take_only_wins_and_give_the_free_slots_back_to_online_gr
     m = _module()
     loop = RSPOLoop(offline_ratio=0.125, replay_slots="positive")
     loop._advantages = m.outcome_advantages
-    groups = [[_hand_traj(0, True)] + [_hand_traj(0, False) for _ in range(4)],
-              [_hand_traj(1, True)] + [_hand_traj(1, False) for _ in range(3)],
-              [_hand_traj(2, True)] + [_hand_traj(2, False) for _ in range(3)]]
+    groups = [
+        [_hand_traj(0, True)] + [_hand_traj(0, False) for _ in range(4)],
+        [_hand_traj(1, True)] + [_hand_traj(1, False) for _ in range(3)],
+        [_hand_traj(2, True)] + [_hand_traj(2, False) for _ in range(3)],
+    ]
     loop._store([t for g in groups for t in g], count=True)
     assert loop.buffer.num_trajectories() == 13 and loop.buffer.num_wins() == 3
     assert loop.buffer.num_candidates() == 3  # the losses carry (negative) signal, but not positive
@@ -637,11 +760,23 @@ def test_an_rspo_run_under_a_budget_ends_at_a_loop_boundary_and_validates_agent_
                 seen.setdefault("validated_at", []).append(pl_module.iteration)
                 seen["snapshot"] = loop.snapshot
 
-    trainer = pl.Trainer(max_epochs=10, logger=False, num_sanity_val_steps=0, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False,
-                         callbacks=[loop, EnvStepBudget(max_env_steps=1), Probe()])
-    dm = AgentDataModule(env=ENV, groups_per_iteration=4, group_size=2, iterations_per_epoch=5,
-                         val_splits=["valid_seen"], num_val_tasks=2)
+    trainer = pl.Trainer(
+        max_epochs=10,
+        logger=False,
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=[loop, EnvStepBudget(max_env_steps=1), Probe()],
+    )
+    dm = AgentDataModule(
+        env=ENV,
+        groups_per_iteration=4,
+        group_size=2,
+        iterations_per_epoch=5,
+        val_splits=["valid_seen"],
+        num_val_tasks=2,
+    )
     trainer.fit(m, dm)
     assert m.iteration == 5 and loop.counts["loops"] == 1 and loop.counts["a_iterations"] == 2
     assert seen["validated_at"] == [5] and seen["snapshot"] is None  # A is the module's weights: nothing swapped
@@ -649,9 +784,16 @@ def test_an_rspo_run_under_a_budget_ends_at_a_loop_boundary_and_validates_agent_
     # with a loop that does not coincide with an epoch (3 iterations per epoch), the run still ends at iteration 5
     torch.manual_seed(0)
     m2, loop2 = _module(), _loop(k=2, offline_ratio=0.25)
-    pl.Trainer(max_epochs=10, logger=False, num_sanity_val_steps=0, limit_val_batches=0, enable_progress_bar=False,
-               enable_model_summary=False, enable_checkpointing=False,
-               callbacks=[loop2, EnvStepBudget(max_env_steps=1)]).fit(m2, _dm(ipe=3))
+    pl.Trainer(
+        max_epochs=10,
+        logger=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=[loop2, EnvStepBudget(max_env_steps=1)],
+    ).fit(m2, _dm(ipe=3))
     assert m2.iteration == 5
 
 
@@ -679,8 +821,15 @@ def test_explorer_levers_lr_scale_temperature_and_turn_credit_reach_b_only():
 
     class Probe(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # after RSPOLoop's hook
-            seen.append((batch.policy_tag, pl_module.optimizers().optimizer.param_groups[0]["lr"],
-                         pl_module.lr_schedulers().get_last_lr()[0], batch.temperature, batch.credit))
+            seen.append(
+                (
+                    batch.policy_tag,
+                    pl_module.optimizers().optimizer.param_groups[0]["lr"],
+                    pl_module.lr_schedulers().get_last_lr()[0],
+                    batch.temperature,
+                    batch.credit,
+                )
+            )
 
     _trainer([loop, Probe()], max_epochs=1).fit(m, _dm(ipe=3))
     (tag_b, lr_b, sched_b, temp_b, credit_b), _, (tag_a, lr_a, sched_a, temp_a, credit_a) = seen
@@ -696,7 +845,9 @@ def test_a_persistent_explorer_continues_from_the_previous_b_and_resyncs_every_n
     _trainer([loop, rec], max_epochs=3).fit(m, _dm(ipe=3))  # 3 loops: explore, collect, exploit
     # loop 1: B := A; loop 2: B continues from B's weights after loop 1's explore; loop 3: B := A again
     b_after_loop1 = rec.rows[0]["params_after"]
-    assert _equal(rec.rows[3]["params_before"], b_after_loop1) and not _equal(rec.rows[3]["params_before"], rec.rows[2]["params_after"])
+    assert _equal(rec.rows[3]["params_before"], b_after_loop1) and not _equal(
+        rec.rows[3]["params_before"], rec.rows[2]["params_after"]
+    )
     assert _equal(rec.rows[6]["params_before"], rec.rows[5]["params_after"])  # resync: the loop starts from A
     # A itself is restored bitwise after every B phase
     assert _equal(rec.rows[4]["params_before"], rec.rows[2]["params_after"])

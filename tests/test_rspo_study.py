@@ -31,7 +31,11 @@ def test_finals_of_a_base_run_validated_every_3_iterations():
     assert env["steps"] == [21, 22] and env["valid_seen"] == pytest.approx((0.21 + 0.30) / 2)
     assert env["valid_unseen"] == pytest.approx((0.105 + 0.10) / 2)
     assert (env["env_steps"], env["a_updates"]) == (41800, 22)
-    assert au["steps"] == [6, 9] and au["valid_seen"] == pytest.approx(0.075) and au["valid_unseen"] == pytest.approx(0.0375)
+    assert (
+        au["steps"] == [6, 9]
+        and au["valid_seen"] == pytest.approx(0.075)
+        and au["valid_unseen"] == pytest.approx(0.0375)
+    )
     assert (au["env_steps"], au["a_updates"], au["a_updates_target"]) == (17100, 9, 9)
 
 
@@ -39,8 +43,13 @@ def test_env_step_finals_leave_out_the_points_past_the_budget():
     """An RSPO run ends at the loop boundary after the budget (40,000 steps): its 4th loop ends at
     50,200 steps, past 40,000 x 1.05; the env-steps final is the mean of the loops ending at
     26,500 and 37,600. A base run's crossing iteration (41,800 <= 42,000) still counts."""
-    curve = [_point(0, 0, 0, 0.05, 0.04), _point(7, 13000, 3, 0.10, 0.08), _point(14, 26500, 6, 0.20, 0.12),
-             _point(21, 37600, 9, 0.30, 0.16), _point(28, 50200, 12, 0.50, 0.40)]
+    curve = [
+        _point(0, 0, 0, 0.05, 0.04),
+        _point(7, 13000, 3, 0.10, 0.08),
+        _point(14, 26500, 6, 0.20, 0.12),
+        _point(21, 37600, 9, 0.30, 0.16),
+        _point(28, 50200, 12, 0.50, 0.40),
+    ]
     f = study.finals(curve, a_updates=9, env_budget=40000)
     assert f["env_steps"]["steps"] == [14, 21] and f["env_steps"]["valid_seen"] == pytest.approx(0.25)
     assert f["env_steps"]["env_steps"] == 37600 and f["env_steps"]["env_budget"] == 40000
@@ -50,21 +59,35 @@ def test_env_step_finals_leave_out_the_points_past_the_budget():
 
 def test_finals_of_an_rspo_run_and_one_with_fewer_a_updates():
     # RSPO k = 3: validation after each 7-iteration loop, 3 A updates per loop
-    curve = [_point(0, 0, 0, 0.05, 0.04), _point(7, 13000, 3, 0.10, 0.08), _point(14, 26500, 6, 0.20, 0.12),
-             _point(21, 40100, 9, 0.30, 0.16)]
+    curve = [
+        _point(0, 0, 0, 0.05, 0.04),
+        _point(7, 13000, 3, 0.10, 0.08),
+        _point(14, 26500, 6, 0.20, 0.12),
+        _point(21, 40100, 9, 0.30, 0.16),
+    ]
     f = study.finals(curve, a_updates=9)
     assert f["env_steps"]["steps"] == [14, 21] == f["a_updates"]["steps"]
     assert f["env_steps"]["valid_seen"] == pytest.approx(0.25) and f["a_updates"]["valid_unseen"] == pytest.approx(0.14)
     f = study.finals(curve, a_updates=12)  # fewer A updates than asked: its last two, and the actual count
-    assert f["a_updates"]["steps"] == [14, 21] and f["a_updates"]["a_updates"] == 9 and f["a_updates"]["a_updates_target"] == 12
+    assert (
+        f["a_updates"]["steps"] == [14, 21]
+        and f["a_updates"]["a_updates"] == 9
+        and f["a_updates"]["a_updates_target"] == 12
+    )
     f = study.finals(curve, a_updates=4)
     assert f["a_updates"]["steps"] == [0, 7] and f["a_updates"]["valid_seen"] == pytest.approx(0.075)
     assert f["a_updates"]["env_steps"] == 13000 and f["a_updates"]["a_updates"] == 3
 
 
 def test_curve_and_diagnostics_of_a_history():
-    train = {str(s): {"rollout/env_steps": 100.0 * s, "rspo/a_iterations": float(max(0, s - 4)), "rspo/replay_frac": 0.5 if s > 4 else 0.0}
-             for s in range(1, 8)}
+    train = {
+        str(s): {
+            "rollout/env_steps": 100.0 * s,
+            "rspo/a_iterations": float(max(0, s - 4)),
+            "rspo/replay_frac": 0.5 if s > 4 else 0.0,
+        }
+        for s in range(1, 8)
+    }
     train["5"]["rollout/success_rate"] = 0.2
     train["7"]["rollout/success_rate"] = 0.4
     train["1"]["rollout_b0/repeat_visits"], train["2"]["rollout_b1/repeat_visits"] = 0.1, 0.3
@@ -92,47 +115,93 @@ def test_runs_table_and_plan():
     assert "--data.iterations_per_epoch=3" in study.make_job("quickstart", "grpo", 0, 15000).overrides
     assert "--data.num_val_tasks=128" in job.overrides
     assert study.parse_plan(["hard:grpo,grpo_rspo:0-1", "quickstart:grpo:2,4"]) == [
-        ("hard", "grpo", 0), ("hard", "grpo_rspo", 0), ("hard", "grpo", 1), ("hard", "grpo_rspo", 1),
-        ("quickstart", "grpo", 2), ("quickstart", "grpo", 4)]
+        ("hard", "grpo", 0),
+        ("hard", "grpo_rspo", 0),
+        ("hard", "grpo", 1),
+        ("hard", "grpo_rspo", 1),
+        ("quickstart", "grpo", 2),
+        ("quickstart", "grpo", 4),
+    ]
     with pytest.raises(SystemExit):
         study.parse_plan(["hard:nope:0"])
 
 
 # -- (b) the summary from records alone ------------------------------------------------------
 def _record(setting, run, seed, curve):
-    return {"setting": setting, "run": run, "seed": seed, "budget": 40000, "wall_s": 10.0, "curve": curve,
-            "diagnostics": {**{t: None for t in study.DIAGNOSTICS.values()}, "rollout/success_rate": 0.1 * (seed + 1)},
-            "finals": study.finals(curve, 9)}
+    return {
+        "setting": setting,
+        "run": run,
+        "seed": seed,
+        "budget": 40000,
+        "wall_s": 10.0,
+        "curve": curve,
+        "diagnostics": {**{t: None for t in study.DIAGNOSTICS.values()}, "rollout/success_rate": 0.1 * (seed + 1)},
+        "finals": study.finals(curve, 9),
+    }
 
 
 def test_summary_from_records_alone(tmp_path):
     records = tmp_path / "records"
-    grpo = {0: (0.1, 0.2), 1: (0.3, 0.1)}  # seed: (seen at a = 6, seen at a = 9); later points move the env-steps final only
+    grpo = {
+        0: (0.1, 0.2),
+        1: (0.3, 0.1),
+    }  # seed: (seen at a = 6, seen at a = 9); later points move the env-steps final only
     for seed, (a6, a9) in grpo.items():
-        curve = [_point(0, 0, 0, 0.0, 0.0), _point(6, 12000, 6, a6, a6), _point(9, 18000, 9, a9, a9), _point(21, 40000, 21, 0.5, 0.4)]
+        curve = [
+            _point(0, 0, 0, 0.0, 0.0),
+            _point(6, 12000, 6, a6, a6),
+            _point(9, 18000, 9, a9, a9),
+            _point(21, 40000, 21, 0.5, 0.4),
+        ]
         study._write_json(records / "hard" / "grpo" / f"seed{seed}.json", _record("hard", "grpo", seed, curve))
     for seed in (0, 1, 2):
         curve = [_point(0, 0, 0, 0.0, 0.0), _point(14, 27000, 6, 0.2, 0.1), _point(21, 40500, 9, 0.4, 0.3)]
-        study._write_json(records / "hard" / "grpo_rspo" / f"seed{seed}.json", _record("hard", "grpo_rspo", seed, curve))
+        study._write_json(
+            records / "hard" / "grpo_rspo" / f"seed{seed}.json", _record("hard", "grpo_rspo", seed, curve)
+        )
     curve = [_point(0, 0, 0, 0.0, 0.0), _point(3, 5000, 3, 0.5, float("nan"))]
     study._write_json(records / "quickstart" / "grpo" / "seed0.json", _record("quickstart", "grpo", 0, curve))
     out = str(tmp_path / "docs" / "study")
-    assert study.summarise(tmp_path / "empty", out)[0] == [] and not (tmp_path / "docs").exists()  # no records: nothing written
+    assert (
+        study.summarise(tmp_path / "empty", out)[0] == [] and not (tmp_path / "docs").exists()
+    )  # no records: nothing written
     entries, lines = study.summarise(records, out, {"hard": 9, "quickstart": 9})
 
     saved = json.loads(Path(out + ".json").read_text())
-    assert len(saved) == 2 * (2 + 3 + 1) and saved[0].keys() == {"setting", "run", "seed", "axis", "env_steps", "a_updates", "valid_seen", "valid_unseen"}
+    assert len(saved) == 2 * (2 + 3 + 1) and saved[0].keys() == {
+        "setting",
+        "run",
+        "seed",
+        "axis",
+        "env_steps",
+        "a_updates",
+        "valid_seen",
+        "valid_unseen",
+    }
     one = {(e["run"], e["seed"], e["axis"]): e for e in saved if e["setting"] == "hard"}
-    assert one[("grpo", 1, "a_updates")] == {"setting": "hard", "run": "grpo", "seed": 1, "axis": "a_updates", "env_steps": 18000,
-                                             "a_updates": 9, "valid_seen": pytest.approx(0.2), "valid_unseen": pytest.approx(0.2)}
-    assert one[("grpo", 0, "env_steps")]["valid_seen"] == pytest.approx(0.35) and one[("grpo", 0, "env_steps")]["a_updates"] == 21
+    assert one[("grpo", 1, "a_updates")] == {
+        "setting": "hard",
+        "run": "grpo",
+        "seed": 1,
+        "axis": "a_updates",
+        "env_steps": 18000,
+        "a_updates": 9,
+        "valid_seen": pytest.approx(0.2),
+        "valid_unseen": pytest.approx(0.2),
+    }
+    assert (
+        one[("grpo", 0, "env_steps")]["valid_seen"] == pytest.approx(0.35)
+        and one[("grpo", 0, "env_steps")]["a_updates"] == 21
+    )
     assert one[("grpo_rspo", 2, "env_steps")]["valid_seen"] == pytest.approx(0.3)
     quick = [e for e in saved if e["setting"] == "quickstart" and e["axis"] == "env_steps"]
     assert quick[0]["valid_unseen"] is None  # NaN (a validation that logged no valid_unseen) is null in JSON
 
     # paired vs grpo on the seeds both have (0, 1): a_updates axis rspo 0.3 vs grpo 0.15 and 0.2
     assert study.paired(entries, "hard", "grpo_rspo", "a_updates", "valid_seen") == pytest.approx([0.15, 0.1])
-    assert study.paired(entries, "hard", "grpo_rspo", "env_steps", "valid_seen") == pytest.approx([-0.05, 0.0], abs=1e-12)
+    assert study.paired(entries, "hard", "grpo_rspo", "env_steps", "valid_seen") == pytest.approx(
+        [-0.05, 0.0], abs=1e-12
+    )
     md = Path(out + "_table.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| hard | grpo_rspo | a_updates |"))
     assert "| 0,1,2 |" in row and "0.300 ± 0.000" in row and "+0.125 ± 0.035 | " in row and row.endswith("| 2 |")
@@ -144,8 +213,13 @@ def test_summary_from_records_alone(tmp_path):
 
 
 # -- (c) a killed study run resumes to the record of an uninterrupted one ----------------------
-TINY = ("--data.groups_per_iteration=2", "--data.group_size=2", "--data.num_val_tasks=4", "--data.iterations_per_epoch=2",
-        "--trainer.max_epochs=1000")
+TINY = (
+    "--data.groups_per_iteration=2",
+    "--data.group_size=2",
+    "--data.num_val_tasks=4",
+    "--data.iterations_per_epoch=2",
+    "--trainer.max_epochs=1000",
+)
 VOLATILE = ("wall_s", "load_start", "load_end", "attempts", "commit")  # the machine's, not the run's
 
 
@@ -159,11 +233,15 @@ def _kill_once_checkpointed(job, runs) -> int:
     proc = study.launch(job, runs)
     ckpt = study.run_dir(job, runs) / "checkpoints" / "last.ckpt"
     deadline = time.time() + 300
-    while not (ckpt.exists() and Path(str(ckpt) + ".sha256").exists()) and proc.poll() is None and time.time() < deadline:
+    while (
+        not (ckpt.exists() and Path(str(ckpt) + ".sha256").exists()) and proc.poll() is None and time.time() < deadline
+    ):
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert proc.returncode == -signal.SIGKILL, f"the fit ended (rc {proc.returncode}) before it could be killed: raise the budget"
+    assert proc.returncode == -signal.SIGKILL, (
+        f"the fit ended (rc {proc.returncode}) before it could be killed: raise the budget"
+    )
     assert not (study.run_dir(job, runs) / "history.json").exists()
     history = study.checkpoint_history(ckpt)
     done = max(int(k) for k in history["train"])
@@ -171,12 +249,20 @@ def _kill_once_checkpointed(job, runs) -> int:
     return done
 
 
-@pytest.mark.parametrize("config, overrides, budget", [
-    pytest.param("configs/compare/grpo.yaml", TINY, 250, id="grpo"),
-    # RSPO with k = 1: a 3-iteration loop (explore, collect, exploit), validated at each loop's end
-    pytest.param("configs/compare/grpo_rspo.yaml", (*TINY[:3], "--data.iterations_per_epoch=3", "--trainer.max_epochs=1000",
-                                                     "--trainer.callbacks.k=1"), 300, id="grpo_rspo", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "config, overrides, budget",
+    [
+        pytest.param("configs/compare/grpo.yaml", TINY, 250, id="grpo"),
+        # RSPO with k = 1: a 3-iteration loop (explore, collect, exploit), validated at each loop's end
+        pytest.param(
+            "configs/compare/grpo_rspo.yaml",
+            (*TINY[:3], "--data.iterations_per_epoch=3", "--trainer.max_epochs=1000", "--trainer.callbacks.k=1"),
+            300,
+            id="grpo_rspo",
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
 def test_killed_run_resumes_to_the_uninterrupted_record(tmp_path, config, overrides, budget):
     job = study.Job("tiny", "run", 0, config, overrides, budget)
     messages = []
@@ -191,7 +277,10 @@ def test_killed_run_resumes_to_the_uninterrupted_record(tmp_path, config, overri
     resumed = study.run_one(job, tmp_path / "records_b", tmp_path / "runs_b", log=messages.append)
     attempts = json.loads((study.run_dir(job, tmp_path / "runs_b") / "attempts.json").read_text())
     assert [a["resumed"] for a in attempts] == [False, True] and attempts[1]["resumed_from_iteration"] == killed_at
-    assert "Restoring states from the checkpoint" in (study.run_dir(job, tmp_path / "runs_b") / attempts[1]["log"]).read_text()
+    assert (
+        "Restoring states from the checkpoint"
+        in (study.run_dir(job, tmp_path / "runs_b") / attempts[1]["log"]).read_text()
+    )
     assert resumed["attempts"] == 2
     assert _stable(resumed) == _stable(whole)
     assert json.loads(study.record_path(job, tmp_path / "records_b").read_text()) == resumed
@@ -221,7 +310,9 @@ def test_a_study_command_parses(tmp_path):
     cbs = [c["class_path"] for c in cfg["trainer"]["callbacks"]]
     assert cbs == ["rspo_lightning.callbacks.RSPOLoop", "rspo_lightning.callbacks.EnvStepBudget", "_history.RunHistory"]
     assert cfg["trainer"]["callbacks"][1]["init_args"]["max_env_steps"] == 40000
-    assert cfg["model"]["dense_reward"] == {"class_path": "rspo_lightning.rewards.NoisyReward",
-                                            "init_args": {"base": None, "sigma": 0.1, "seed": 1}}
+    assert cfg["model"]["dense_reward"] == {
+        "class_path": "rspo_lightning.rewards.NoisyReward",
+        "init_args": {"base": None, "sigma": 0.1, "seed": 1},
+    }
     assert cfg["trainer"]["logger"]["init_args"]["name"] == "hard/grpo_rspo_noise01/seed1"
     assert cfg["data"]["num_val_tasks"] == 128 and cfg["data"]["iterations_per_epoch"] == 3

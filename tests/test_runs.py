@@ -4,7 +4,6 @@ predictions beside it, one results table, the checkpoint's own model where the c
 nothing, no folder left by a run that never trained, no sync_dist warnings."""
 
 import glob
-import json
 import os
 import subprocess
 import sys
@@ -17,11 +16,32 @@ from rspo_lightning.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = os.path.join(ROOT, "configs", "quickstart.yaml")
-TINY = ["--config", QUICK, "--trainer.max_epochs", "1", "--data.iterations_per_epoch", "2", "--data.groups_per_iteration", "2",
-        "--data.group_size", "2", "--data.num_val_tasks", "2", "--trainer.enable_progress_bar", "false",
-        "--data.env.kwargs", '{"task_types": ["pick_and_place"], "num_receptacles": 4, "max_steps": 3}',
-        "--model.policy.tiny.hidden_size", "32", "--model.policy.tiny.intermediate_size", "64",
-        "--model.rollout.constrained_decoding", "false", "--model.rollout.max_new_tokens", "6"]
+TINY = [
+    "--config",
+    QUICK,
+    "--trainer.max_epochs",
+    "1",
+    "--data.iterations_per_epoch",
+    "2",
+    "--data.groups_per_iteration",
+    "2",
+    "--data.group_size",
+    "2",
+    "--data.num_val_tasks",
+    "2",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--data.env.kwargs",
+    '{"task_types": ["pick_and_place"], "num_receptacles": 4, "max_steps": 3}',
+    "--model.policy.tiny.hidden_size",
+    "32",
+    "--model.policy.tiny.intermediate_size",
+    "64",
+    "--model.rollout.constrained_decoding",
+    "false",
+    "--model.rollout.max_new_tokens",
+    "6",
+]
 
 
 def _cli(capsys, *args) -> tuple[int, str, str]:
@@ -39,7 +59,9 @@ def _cli(capsys, *args) -> tuple[int, str, str]:
 
 def _damaged(tmp_path, kind: str) -> str:
     io = AtomicCheckpointIO()
-    io.save_checkpoint({"state_dict": {"w": torch.zeros(64, 64)}, "hyper_parameters": {}}, str(tmp_path / "iteration=1.ckpt"))
+    io.save_checkpoint(
+        {"state_dict": {"w": torch.zeros(64, 64)}, "hyper_parameters": {}}, str(tmp_path / "iteration=1.ckpt")
+    )
     path = str(tmp_path / f"{kind}.ckpt")
     if kind == "text":
         open(path, "w").write("not a checkpoint\n")
@@ -58,7 +80,9 @@ def _damaged(tmp_path, kind: str) -> str:
 @pytest.mark.parametrize("kind", ["text", "empty", "truncated", "sidecar"])
 def test_a_damaged_checkpoint_path_is_refused_before_lightning_reads_it(tmp_path, capsys, kind, subcommand):
     path = _damaged(tmp_path, kind)
-    code, out, err = _cli(capsys, subcommand, *TINY, "--trainer.default_root_dir", str(tmp_path / "runs"), "--ckpt_path", path)
+    code, out, err = _cli(
+        capsys, subcommand, *TINY, "--trainer.default_root_dir", str(tmp_path / "runs"), "--ckpt_path", path
+    )
     assert code != 0
     assert path in err and "iteration=1.ckpt" in err  # the file, and the other checkpoint of its folder
     for torch_text in ("KeyError", "EOFError", "PytorchStreamReader", "Traceback"):
@@ -82,8 +106,11 @@ def test_a_run_and_its_evaluations_live_in_one_folder(tmp_path, capsys):
     code, out, err = _cli(capsys, "fit", *TINY, *root, "--ckpt_path", "last")
     assert code == 0, err[-3000:]
     assert [line for line in out.splitlines() if "--ckpt_path last" in line] == [
-        f"--ckpt_path last: no checkpoint to resume in {runs / 'quickstart' / 'checkpoints'}; starting from the beginning"]
-    code, out, err = _cli(capsys, "fit", *TINY, *root, "--trainer.max_epochs", "2", "--ckpt_path", "last")  # 2 more iterations
+        f"--ckpt_path last: no checkpoint to resume in {runs / 'quickstart' / 'checkpoints'}; starting from the beginning"
+    ]
+    code, out, err = _cli(
+        capsys, "fit", *TINY, *root, "--trainer.max_epochs", "2", "--ckpt_path", "last"
+    )  # 2 more iterations
     assert code == 0, err[-3000:]
     run = runs / "quickstart"
     assert sorted(os.listdir(run)) == ["checkpoints", "version_0"]  # the resumed fit logged on in its run's folder
@@ -93,12 +120,12 @@ def test_a_run_and_its_evaluations_live_in_one_folder(tmp_path, capsys):
 
     code, out, err = _cli(capsys, "validate", *TINY, *root, "--ckpt_path", "last")
     assert code == 0, err[-3000:]
-    table = out[out.index("validate: agent A at iteration 4"):].splitlines()
+    table = out[out.index("validate: agent A at iteration 4") :].splitlines()
     assert table[1].split() == ["metric", "val", "val_unseen"]  # each split once, a column each
     assert [row.split()[0] for row in table[2:5]] == ["score", "success_rate", "success_rate/pick_and_place"]
     assert "DataLoader" not in out and "step " not in out and "hp_metric" not in out
     code, out, err = _cli(capsys, "test", *TINY, *root, "--ckpt_path", "last")
-    assert code == 0 and out[out.index("test: agent A"):].splitlines()[1].split() == ["metric", "test", "test_unseen"]
+    assert code == 0 and out[out.index("test: agent A") :].splitlines()[1].split() == ["metric", "test", "test_unseen"]
     for _ in range(2):
         code, out, err = _cli(capsys, "predict", *TINY, *root, "--ckpt_path", "last")
         assert code == 0, err[-3000:]
@@ -106,18 +133,37 @@ def test_a_run_and_its_evaluations_live_in_one_folder(tmp_path, capsys):
     assert sorted(os.listdir(run)) == ["checkpoints", "version_0"]
     assert {"validate", "test", "predict", "predictions"} <= set(os.listdir(run / "version_0"))
     assert sorted(os.listdir(run / "version_0" / "predictions")) == [
-        "valid_seen-iteration4-2.jsonl", "valid_seen-iteration4.jsonl", "valid_unseen-iteration4-2.jsonl", "valid_unseen-iteration4.jsonl"]
+        "valid_seen-iteration4-2.jsonl",
+        "valid_seen-iteration4.jsonl",
+        "valid_unseen-iteration4-2.jsonl",
+        "valid_unseen-iteration4.jsonl",
+    ]
     assert _steps(run / "version_0" / "validate")["val/success_rate"] == [4]
     assert _steps(run / "version_0" / "test")["test_unseen/success_rate"] == [4]
 
     # a config of other settings (the GPU config, smollm2): the checkpoint's model and env where the command line sets nothing
     gpu = os.path.join(ROOT, "configs", "household", "gigpo.yaml")
     ckpt = str(run / "checkpoints" / "last.ckpt")
-    code, out, err = _cli(capsys, "test", "--config", gpu, "--ckpt_path", ckpt, *root, "--trainer.accelerator", "cpu",
-                          "--trainer.precision", "32-true", "--data.num_val_tasks", "2", "--trainer.enable_progress_bar", "false")
+    code, out, err = _cli(
+        capsys,
+        "test",
+        "--config",
+        gpu,
+        "--ckpt_path",
+        ckpt,
+        *root,
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.precision",
+        "32-true",
+        "--data.num_val_tasks",
+        "2",
+        "--trainer.enable_progress_bar",
+        "false",
+    )
     assert code == 0, err[-3000:]
     assert "model.policy.source='tiny' (config: 'smollm2')" in out and '"num_receptacles": 4' in out
-    assert out[out.index("test: agent A at iteration 4"):].splitlines()[1].split() == ["metric", "test", "test_unseen"]
+    assert out[out.index("test: agent A at iteration 4") :].splitlines()[1].split() == ["metric", "test", "test_unseen"]
 
 
 def test_a_run_that_fails_before_its_first_iteration_leaves_no_folder(tmp_path, capsys):
@@ -148,9 +194,26 @@ print("SYNC_DIST_WARNINGS", sum("sync_dist" in str(w.message) for w in caught))
 def test_the_logprob_mismatch_is_logged_in_an_iteration_where_nothing_trains(tmp_path):
     """All advantages 0 (no win, no invalid action under constrained decoding, no penalty): no row
     trains, and the rollout diagnostic is still there, over the rows played."""
-    code = subprocess.run([sys.executable, "-m", "rspo_lightning.cli", "fit", *TINY, "--trainer.default_root_dir", str(tmp_path),
-                           "--model.rollout.constrained_decoding", "true", "--model.algorithm.invalid_action_penalty", "0",
-                           "--model.algorithm.recompute_old_logprobs", "true"], capture_output=True, text=True, timeout=600)
+    code = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rspo_lightning.cli",
+            "fit",
+            *TINY,
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--model.rollout.constrained_decoding",
+            "true",
+            "--model.algorithm.invalid_action_penalty",
+            "0",
+            "--model.algorithm.recompute_old_logprobs",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert code.returncode == 0, code.stderr[-3000:]
     steps = _steps(tmp_path / "quickstart" / "version_0")
     assert "train/policy_loss" not in steps  # nothing trained
@@ -159,9 +222,13 @@ def test_the_logprob_mismatch_is_logged_in_an_iteration_where_nothing_trains(tmp
 
 def test_every_docs_path_named_in_readme_configs_and_code_exists():
     named = set()
-    files = [os.path.join(ROOT, "README.md"), *glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recursive=True),
-             *glob.glob(os.path.join(ROOT, "rspo_lightning", "**", "*.py"), recursive=True),
-             *glob.glob(os.path.join(ROOT, "benchmarks", "*.py")), *glob.glob(os.path.join(ROOT, "docs", "*.md"))]
+    files = [
+        os.path.join(ROOT, "README.md"),
+        *glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recursive=True),
+        *glob.glob(os.path.join(ROOT, "rspo_lightning", "**", "*.py"), recursive=True),
+        *glob.glob(os.path.join(ROOT, "benchmarks", "*.py")),
+        *glob.glob(os.path.join(ROOT, "docs", "*.md")),
+    ]
     import re
 
     for path in files:

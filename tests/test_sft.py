@@ -20,9 +20,21 @@ from rspo_lightning.types import TaskSpec, Trajectory, Turn
 
 ENV_ID = "rspo/Household-v0"
 # The quickstart's easy setting.
-EASY = {"task_types": ["pick_and_place"], "num_receptacles": 4, "num_distractors": 1, "num_object_types": 8,
-        "max_steps": 10, "info_actions": False}
-ROLLOUT = {"template": "compact", "system_prompt": "", "constrained_decoding": True, "max_new_tokens": 12, "history_window": 2}
+EASY = {
+    "task_types": ["pick_and_place"],
+    "num_receptacles": 4,
+    "num_distractors": 1,
+    "num_object_types": 8,
+    "max_steps": 10,
+    "info_actions": False,
+}
+ROLLOUT = {
+    "template": "compact",
+    "system_prompt": "",
+    "constrained_decoding": True,
+    "max_new_tokens": 12,
+    "history_window": 2,
+}
 TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 64}
 NUM_DEMO_TASKS = 22  # ~100 turns
 
@@ -41,9 +53,30 @@ def _one_thread():
 def demo_dir(tmp_path_factory):
     """Expert demos + the tiny policy that tokenised them, written by the command-line entry."""
     d = tmp_path_factory.mktemp("sft")
-    main(["expert", "--env-id", ENV_ID, "--env-kwargs", json.dumps(EASY), "--rollout", json.dumps(ROLLOUT),
-          "--tiny", json.dumps(TINY), "--split", "train", "--num-tasks", str(NUM_DEMO_TASKS),
-          "--out", str(d / "demos.jsonl"), "--policy-source", "tiny", "--save-policy", str(d / "policy"), "--with-text"])
+    main(
+        [
+            "expert",
+            "--env-id",
+            ENV_ID,
+            "--env-kwargs",
+            json.dumps(EASY),
+            "--rollout",
+            json.dumps(ROLLOUT),
+            "--tiny",
+            json.dumps(TINY),
+            "--split",
+            "train",
+            "--num-tasks",
+            str(NUM_DEMO_TASKS),
+            "--out",
+            str(d / "demos.jsonl"),
+            "--policy-source",
+            "tiny",
+            "--save-policy",
+            str(d / "policy"),
+            "--with-text",
+        ]
+    )
     return d
 
 
@@ -66,16 +99,37 @@ def _hand_trajectories() -> list[Trajectory]:
     t1 = Trajectory(
         task=TaskSpec(ENV_ID, "valid_unseen", 7, group_id=3),
         turns=[
-            Turn(prompt_ids=torch.tensor([5, 6, 7]), response_ids=torch.tensor([9, 10]),
-                 behaviour_logprobs=torch.tensor([-0.1, -23.456789], dtype=torch.float32),
-                 action="go to café 1", valid=True, observation="Tu es dans la cuisine — «☕» 日本語\n\"quoted\"",
-                 anchor="at=café|held=∅", privileged="état: ✓", dense_reward=0.25, progress=0.5,
-                 allowed_ids=torch.tensor([[9, 11, -1], [10, -1, -1]])),
-            Turn(prompt_ids=torch.tensor([5, 6, 7, 8]), response_ids=torch.tensor([12]),
-                 behaviour_logprobs=torch.tensor([float("-inf")]), action="", valid=False,
-                 observation="Nothing happens.", anchor="a2", outcome_reward=10.0, progress=1.0),
+            Turn(
+                prompt_ids=torch.tensor([5, 6, 7]),
+                response_ids=torch.tensor([9, 10]),
+                behaviour_logprobs=torch.tensor([-0.1, -23.456789], dtype=torch.float32),
+                action="go to café 1",
+                valid=True,
+                observation='Tu es dans la cuisine — «☕» 日本語\n"quoted"',
+                anchor="at=café|held=∅",
+                privileged="état: ✓",
+                dense_reward=0.25,
+                progress=0.5,
+                allowed_ids=torch.tensor([[9, 11, -1], [10, -1, -1]]),
+            ),
+            Turn(
+                prompt_ids=torch.tensor([5, 6, 7, 8]),
+                response_ids=torch.tensor([12]),
+                behaviour_logprobs=torch.tensor([float("-inf")]),
+                action="",
+                valid=False,
+                observation="Nothing happens.",
+                anchor="a2",
+                outcome_reward=10.0,
+                progress=1.0,
+            ),
         ],
-        success=True, score=1.0, task_type="pick_and_place", source="replay", policy_tag="B", iteration=12,
+        success=True,
+        score=1.0,
+        task_type="pick_and_place",
+        source="replay",
+        policy_tag="B",
+        iteration=12,
     )
     t2 = Trajectory(task=TaskSpec("rspo/Shop-v0", "train", 0), turns=[], truncated=True)
     return [t1, t2]
@@ -104,7 +158,9 @@ def test_bad_line_raises_with_its_number(tmp_path):
         f.write("\n{not json\n")
     with pytest.raises(ValueError, match=r"bad\.jsonl:3:"):
         load_trajectories(str(path))
-    path.write_text(json.dumps({"task": {"env_id": ENV_ID, "split": "train", "task_id": 0}, "turns": [{"action": "x"}]}) + "\n")
+    path.write_text(
+        json.dumps({"task": {"env_id": ENV_ID, "split": "train", "task_id": 0}, "turns": [{"action": "x"}]}) + "\n"
+    )
     with pytest.raises(ValueError, match=r":1: .*missing fields"):
         load_trajectories(str(path))
     with pytest.raises(FileNotFoundError, match="nowhere.jsonl"):
@@ -118,15 +174,20 @@ def test_expert_cli_writes_demos_with_the_rl_module_tokenizer(demo_dir):
     line = json.loads(open(demo_dir / "demos.jsonl", encoding="utf-8").readline())
     assert "<action>" in line["turns"][0]["response_text"]  # --with-text
     # The saved tokenizer is the one AgentRLModule builds for source: tiny with the same env/rollout.
-    module = AgentRLModule(policy=PolicyConfig(source="tiny", tiny=TinyModelConfig(**TINY)), rollout=RolloutConfig(**ROLLOUT),
-                           env=EnvConfig(ENV_ID, EASY))
+    module = AgentRLModule(
+        policy=PolicyConfig(source="tiny", tiny=TinyModelConfig(**TINY)),
+        rollout=RolloutConfig(**ROLLOUT),
+        env=EnvConfig(ENV_ID, EASY),
+    )
     module.configure_model()
     _, saved_tok = load_policy(str(demo_dir / "policy"))
     assert module.tokenizer.get_vocab() == saved_tok.get_vocab()
 
 
-@pytest.mark.parametrize("rollout_kw", [ROLLOUT, {"template": "household", "history_window": 1, "constrained_decoding": True,
-                                                  "max_new_tokens": 12}])
+@pytest.mark.parametrize(
+    "rollout_kw",
+    [ROLLOUT, {"template": "household", "history_window": 1, "constrained_decoding": True, "max_new_tokens": 12}],
+)
 def test_expert_prompts_equal_rollout_engine_prompts(demo_dir, rollout_kw):
     model, tok = load_policy(str(demo_dir / "policy"))
     cfg = RolloutConfig(**{**rollout_kw, "max_turns": 1})
@@ -141,15 +202,28 @@ def test_expert_prompts_equal_rollout_engine_prompts(demo_dir, rollout_kw):
         for turn in d.turns:
             assert turn.valid and torch.equal(turn.behaviour_logprobs, torch.zeros(len(turn.response_ids)))
             # the response is exactly what constrained decoding emits for this action (no eos)
-            assert turn.response_ids.tolist() == tok(f"<action> {turn.action} </action>", add_special_tokens=False)["input_ids"]
+            assert (
+                turn.response_ids.tolist()
+                == tok(f"<action> {turn.action} </action>", add_special_tokens=False)["input_ids"]
+            )
             assert parse_response(tok.decode(turn.response_ids, skip_special_tokens=True)).action == turn.action
 
 
 def test_collate_masks_prompt_and_padding_by_hand():
     def sample(p, r, i):
-        return {"prompt_ids": torch.tensor(p), "response_ids": torch.tensor(r), "traj_index": i, "turn_index": 0,
-                "num_turns": 1, "outcome": float(i), "success": bool(i), "score": 0.0, "valid": True,
-                "dense_reward": 0.0, "progress": 0.0}
+        return {
+            "prompt_ids": torch.tensor(p),
+            "response_ids": torch.tensor(r),
+            "traj_index": i,
+            "turn_index": 0,
+            "num_turns": 1,
+            "outcome": float(i),
+            "success": bool(i),
+            "score": 0.0,
+            "valid": True,
+            "dense_reward": 0.0,
+            "progress": 0.0,
+        }
 
     batch = collate_turns([sample([11, 12, 13], [21, 22], 0), sample([14], [23, 24, 25], 1)], pad_id=0)
     assert batch["input_ids"].tolist() == [[11, 12, 13, 21, 22], [14, 23, 24, 25, 0]]
@@ -167,7 +241,11 @@ def test_datamodule_splits_by_trajectory_and_names_bad_paths(demo_dir, tmp_path)
     dm.setup("fit")
     train_ids = {t.task.task_id for t in dm.train_trajectories}
     val_ids = {t.task.task_id for t in dm.val_trajectories}
-    assert not train_ids & val_ids and len(train_ids | val_ids) == NUM_DEMO_TASKS and len(val_ids) == round(0.2 * NUM_DEMO_TASKS)
+    assert (
+        not train_ids & val_ids
+        and len(train_ids | val_ids) == NUM_DEMO_TASKS
+        and len(val_ids) == round(0.2 * NUM_DEMO_TASKS)
+    )
     assert len(dm.train_samples) == sum(len(t.turns) for t in dm.train_trajectories)
     batch = next(iter(dm.train_dataloader()))
     assert batch["input_ids"].shape[0] == 8
@@ -204,9 +282,18 @@ def test_sft_fit_lowers_loss_and_wins_more(demo_dir, tmp_path):
 
     module = SFTModule(policy=PolicyConfig(source=str(demo_dir / "policy")), optim=OptimConfig(lr=3e-3))
     recorder = _LossRecorder()
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=300, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                         callbacks=[recorder], default_root_dir=str(tmp_path))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=300,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[recorder],
+        default_root_dir=str(tmp_path),
+    )
     trainer.fit(module, dm)
     for key in ("train/sft_loss", "train/token_accuracy", "val/sft_loss"):
         assert key in trainer.callback_metrics, key
@@ -216,8 +303,10 @@ def test_sft_fit_lowers_loss_and_wins_more(demo_dir, tmp_path):
     after = _greedy_play(module.policy, module.tokenizer, eval_ids)
     won_before = sum(t.success for t in before) / len(before)
     won_after = sum(t.success for t in after) / len(after)
-    print(f"SFT loss {first:.3f} -> {last:.3f}; greedy success on {len(eval_ids)} train tasks: "
-          f"untrained {won_before:.2f}, SFT {won_after:.2f}")
+    print(
+        f"SFT loss {first:.3f} -> {last:.3f}; greedy success on {len(eval_ids)} train tasks: "
+        f"untrained {won_before:.2f}, SFT {won_after:.2f}"
+    )
     assert won_after >= won_before + 0.5, (won_before, won_after)
 
     # Where the SFT policy replayed the expert's actions, every turn's prompt equals the demo's
@@ -237,16 +326,35 @@ def test_sft_fit_lowers_loss_and_wins_more(demo_dir, tmp_path):
 
 def test_rollouts_command_writes_a_trained_policys_episodes(demo_dir, tmp_path):
     out = tmp_path / "rollouts.jsonl"
-    main(["rollouts", "--env-id", ENV_ID, "--env-kwargs", json.dumps(EASY), "--rollout", json.dumps(ROLLOUT),
-          "--split", "valid_seen", "--num-tasks", "3", "--group-size", "2", "--out", str(out),
-          "--policy-source", str(demo_dir / "policy")])
+    main(
+        [
+            "rollouts",
+            "--env-id",
+            ENV_ID,
+            "--env-kwargs",
+            json.dumps(EASY),
+            "--rollout",
+            json.dumps(ROLLOUT),
+            "--split",
+            "valid_seen",
+            "--num-tasks",
+            "3",
+            "--group-size",
+            "2",
+            "--out",
+            str(out),
+            "--policy-source",
+            str(demo_dir / "policy"),
+        ]
+    )
     trajs = load_trajectories(str(out))
     assert len(trajs) == 6 and [t.task.task_id for t in trajs] == [0, 0, 1, 1, 2, 2]
     assert all(t.turns and t.task.split == "valid_seen" for t in trajs)
     # stored ids are the policy's own: its tokenizer decodes every response to an <action> tag
     _, tok = load_policy(str(demo_dir / "policy"))
-    assert all(parse_response(tok.decode(turn.response_ids, skip_special_tokens=True)).valid
-               for t in trajs for turn in t.turns)
+    assert all(
+        parse_response(tok.decode(turn.response_ids, skip_special_tokens=True)).valid for t in trajs for turn in t.turns
+    )
     with pytest.raises(SystemExit, match="rollouts need a trained policy"):
         main(["rollouts", "--env-id", ENV_ID, "--out", str(out), "--policy-source", "tiny"])
 
@@ -258,9 +366,20 @@ def test_rl_config_from_sft_uses_the_sft_model_as_policy_and_reference(demo_dir,
     from rspo_lightning.datamodules import AgentDataModule
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cli = AgentCLI(AgentRLModule, AgentDataModule, run=False, auto_configure_optimizers=False,
-                   args=["--config", os.path.join(root, "configs", "household", "grpo_from_sft.yaml"),
-                         "--model.policy.source", str(demo_dir / "policy"), "--trainer.logger.init_args.save_dir", str(tmp_path)])
+    cli = AgentCLI(
+        AgentRLModule,
+        AgentDataModule,
+        run=False,
+        auto_configure_optimizers=False,
+        args=[
+            "--config",
+            os.path.join(root, "configs", "household", "grpo_from_sft.yaml"),
+            "--model.policy.source",
+            str(demo_dir / "policy"),
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path),
+        ],
+    )
     m = cli.model
     m.env_cfg = cli.datamodule.env  # what the Trainer's datamodule hands over in fit
     m.configure_model()

@@ -21,8 +21,7 @@ from rspo_lightning.envs import Shop, make_env, registered_env_ids
 from rspo_lightning.envs.shop import Catalog, Product, ShopGoal, is_perfect, purchase_reward
 
 SPLITS = ["train", "valid", "test"]
-INFO_KEYS = {"task", "task_type", "admissible_actions", "anchor", "privileged", "won", "score",
-             "progress", "invalid"}
+INFO_KEYS = {"task", "task_type", "admissible_actions", "anchor", "privileged", "won", "score", "progress", "invalid"}
 WORDS = re.compile(r"\w+|[^\w\s]+")
 ASIN = re.compile(r"B0[A-Z0-9]{8}")
 INSTRUCTION = re.compile(r"i need an? (.+) in (.+), price lower than (\d+)\.00 dollars")
@@ -34,21 +33,33 @@ def env():
 
 
 def goal(**overrides) -> ShopGoal:
-    fields = dict(instruction="i need a machine washable, long sleeve and cotton t-shirt in black color, "
-                              "price lower than 30.00 dollars",
-                  product_type="t-shirt", category="fashion",
-                  attributes=("machine washable", "long sleeve", "cotton"),
-                  options=(("color", "black"),), price_upper=30.0, target="B000000000",
-                  queries=("machine washable long sleeve cotton t-shirt black",))
+    fields = dict(
+        instruction="i need a machine washable, long sleeve and cotton t-shirt in black color, "
+        "price lower than 30.00 dollars",
+        product_type="t-shirt",
+        category="fashion",
+        attributes=("machine washable", "long sleeve", "cotton"),
+        options=(("color", "black"),),
+        price_upper=30.0,
+        target="B000000000",
+        queries=("machine washable long sleeve cotton t-shirt black",),
+    )
     fields.update(overrides)
     return ShopGoal(**fields)
 
 
 def product(**overrides) -> Product:
-    fields = dict(asin="B011111111", product_type="t-shirt", category="fashion", title="Acme T-Shirt",
-                  attributes=("machine washable", "long sleeve", "slim fit"),
-                  options=(("color", ("black", "white")), ("size", ("small", "large"))), price=25.0,
-                  description="d", features=("f",))
+    fields = dict(
+        asin="B011111111",
+        product_type="t-shirt",
+        category="fashion",
+        title="Acme T-Shirt",
+        attributes=("machine washable", "long sleeve", "slim fit"),
+        options=(("color", ("black", "white")), ("size", ("small", "large"))),
+        price=25.0,
+        description="d",
+        features=("f",),
+    )
     fields.update(overrides)
     return Product(**fields)
 
@@ -63,8 +74,9 @@ def test_reward_formula_on_hand_built_goal_and_product():
     # another type of the same category: r_type 0.5
     assert purchase_reward(g, product(product_type="hoodie"), {"color": "black"}) == pytest.approx(0.4)
     # another category: r_type 0.1
-    assert purchase_reward(g, product(product_type="coffee", category="food"),
-                           {"color": "black"}) == pytest.approx(0.08)
+    assert purchase_reward(g, product(product_type="coffee", category="food"), {"color": "black"}) == pytest.approx(
+        0.08
+    )
     # too expensive: (2 + 1 + 0) / 5; no option chosen: (2 + 0 + 1) / 5; wrong option: the same
     assert purchase_reward(g, product(price=30.01), {"color": "black"}) == pytest.approx(0.6)
     assert purchase_reward(g, product(), {}) == pytest.approx(0.6)
@@ -81,8 +93,11 @@ def test_reward_formula_on_hand_built_goal_and_product():
 
 def hand_reward(g: ShopGoal, p: Product, selected: dict[str, str]) -> float:
     r_type = 1.0 if p.product_type == g.product_type else 0.5 if p.category == g.category else 0.1
-    hits = (len(set(g.attributes) & set(p.attributes)) + sum(selected.get(n) == v for n, v in g.options)
-            + (p.price <= g.price_upper))
+    hits = (
+        len(set(g.attributes) & set(p.attributes))
+        + sum(selected.get(n) == v for n, v in g.options)
+        + (p.price <= g.price_upper)
+    )
     return r_type * hits / (len(g.attributes) + len(g.options) + 1)
 
 
@@ -223,8 +238,9 @@ def test_same_task_gives_identical_episodes():
             a.step(a.expert_action())  # playing must not leak into the next reset
             assert a.reset(options={"split": split, "task_id": task_id}) == (obs_a, info_a)
             assert b.reset(options={"split": split, "task_id": task_id}) == (obs_a, info_a)
-            assert [t[:4] for t in play_expert(a, split, task_id)[1]] == \
-                   [t[:4] for t in play_expert(b, split, task_id)[1]]
+            assert [t[:4] for t in play_expert(a, split, task_id)[1]] == [
+                t[:4] for t in play_expert(b, split, task_id)[1]
+            ]
     assert len({a.reset(options={"task_id": i})[0] for i in range(20)}) >= 18
     other = Shop(seed=1)
     assert other.catalog.products[0] != a.catalog.products[0]
@@ -271,21 +287,26 @@ def test_results_item_and_detail_pages(env):
         p = env.catalog.products[env.catalog.index_of[asin]]
         assert f" [SEP] {asin} [SEP] {p.title} [SEP] ${p.price:.2f}" in obs
     assert info["admissible_actions"][0] == "click[back to search]"
-    assert [a for a in info["admissible_actions"] if a[6:-1].upper() in listed] == \
-           [f"click[{a.lower()}]" for a in listed]
+    assert [a for a in info["admissible_actions"] if a[6:-1].upper() in listed] == [
+        f"click[{a.lower()}]" for a in listed
+    ]
     results_obs, results_info = obs, info
     # item page
     asin = listed[0]
     p = env.catalog.products[env.catalog.index_of[asin]]
     obs, _, _, _, info = env.step(f"click[{asin.lower()}]")
     options = " [SEP] ".join(f"{n} [SEP] " + " [SEP] ".join(vs) for n, vs in p.options)
-    assert obs == (f"Instruction: [SEP] {task} [SEP] Back to Search [SEP] < Prev [SEP] {options} [SEP] "
-                   f"{p.title} [SEP] Price: ${p.price:.2f} [SEP] Rating: N.A. [SEP] Description [SEP] "
-                   f"Features [SEP] Buy Now")
+    assert obs == (
+        f"Instruction: [SEP] {task} [SEP] Back to Search [SEP] < Prev [SEP] {options} [SEP] "
+        f"{p.title} [SEP] Price: ${p.price:.2f} [SEP] Rating: N.A. [SEP] Description [SEP] "
+        f"Features [SEP] Buy Now"
+    )
     values = [v for _, vs in p.options for v in vs]
-    assert info["admissible_actions"] == (["click[back to search]", "click[< prev]"]
-                                          + [f"click[{v}]" for v in values]
-                                          + ["click[description]", "click[features]", "click[buy now]"])
+    assert info["admissible_actions"] == (
+        ["click[back to search]", "click[< prev]"]
+        + [f"click[{v}]" for v in values]
+        + ["click[description]", "click[features]", "click[buy now]"]
+    )
     name, first = p.options[0][0], p.options[0][1][0]
     obs, _, _, _, info = env.step(f"click[{first}]")
     assert f" [SEP] {name} [SEP] {first} (selected) [SEP] " in obs and f"selected={name}={first}" in info["anchor"]
@@ -316,8 +337,9 @@ def hand_ranking(catalog: Catalog, query: str) -> list[str]:
         return [t for t in re.findall(r"[a-z0-9]+", text.lower()) if t not in stop]
 
     index = bm25s.BM25()
-    index.index([tokens(" ".join([p.title, p.description, *p.features])) for p in catalog.products],
-                show_progress=False)
+    index.index(
+        [tokens(" ".join([p.title, p.description, *p.features])) for p in catalog.products], show_progress=False
+    )
     scores = index.get_scores(tokens(query))
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
     return [catalog.products[i].asin for i in order if scores[i] > 0]
@@ -362,8 +384,12 @@ def test_progress_along_the_expert_path_and_on_a_wrong_item():
     env.reset(options={"task_id": task_id})
     g = env.task("train", task_id)
     _, _, _, _, info = env.step(f"search[{g.queries[0]}]")
-    wrong = next(a for a in info["admissible_actions"] if ASIN.fullmatch(a[6:-1].upper())
-                 and not is_perfect(g, env.catalog.products[env.catalog.index_of[a[6:-1].upper()]]))
+    wrong = next(
+        a
+        for a in info["admissible_actions"]
+        if ASIN.fullmatch(a[6:-1].upper())
+        and not is_perfect(g, env.catalog.products[env.catalog.index_of[a[6:-1].upper()]])
+    )
     _, _, _, _, info = env.step(wrong)
     assert info["progress"] == 0.25
     _, _, terminated, _, info = env.step("click[buy now]")
@@ -390,10 +416,31 @@ def assert_invalid_and_unchanged(env, action):
         assert info[key] == before[key], key
 
 
-BAD_ON_ITEM = ["", " ", "x" * 10000, "苹果 🍎", "\x00", "\ud800", "search[t-shirt]", "search[]",
-               "click[]", "click[next >]", "click[b0zzzzzzzz]", "click[buy now", "buy now",
-               "click [buy now]", "<action>click[buy now]</action>", None, b"click[buy now]", 0, 3.5,
-               True, ["click[buy now]"], {"a": 1}, object()]
+BAD_ON_ITEM = [
+    "",
+    " ",
+    "x" * 10000,
+    "苹果 🍎",
+    "\x00",
+    "\ud800",
+    "search[t-shirt]",
+    "search[]",
+    "click[]",
+    "click[next >]",
+    "click[b0zzzzzzzz]",
+    "click[buy now",
+    "buy now",
+    "click [buy now]",
+    "<action>click[buy now]</action>",
+    None,
+    b"click[buy now]",
+    0,
+    3.5,
+    True,
+    ["click[buy now]"],
+    {"a": 1},
+    object(),
+]
 
 
 @pytest.mark.parametrize("action", BAD_ON_ITEM, ids=lambda a: type(a).__name__)
@@ -404,8 +451,15 @@ def test_bad_inputs_on_the_item_page_are_invalid(action):
 def test_bad_inputs_on_search_and_results_pages():
     env = Shop(max_steps=10**9)
     env.reset(options={"task_id": 1})
-    for action in ("search[]", "search[   ]", "click[back to search]", "click[buy now]", "search",
-                   "search t-shirt", "click[b0zzzzzzzz]"):
+    for action in (
+        "search[]",
+        "search[   ]",
+        "click[back to search]",
+        "click[buy now]",
+        "search",
+        "search t-shirt",
+        "click[b0zzzzzzzz]",
+    ):
         assert_invalid_and_unchanged(env, action)
     _, _, _, _, info = env.step(env.expert_action())
     for action in ("search[t-shirt]", "click[description]", "click[< prev]", "click[" + "x" * 50 + "]"):
@@ -527,11 +581,19 @@ def test_rollout_engine_plays_shop_with_constrained_decoding(tmp_path):
     kwargs = {"max_steps": 6}
     env = make_env("rspo/Shop-v0", **kwargs)
     corpus = env.unwrapped.sample_texts(num_tasks=3) + template_texts()
-    model, tok = load_policy("tiny", corpus=corpus, save_dir=str(tmp_path),
-                             tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
+    model, tok = load_policy(
+        "tiny",
+        corpus=corpus,
+        save_dir=str(tmp_path),
+        tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
+    )
     torch.manual_seed(0)
-    engine = RolloutEngine(model, tok, RolloutConfig(constrained_decoding=True, max_new_tokens=40,
-                                                     template="compact", history_window=1), kwargs)
+    engine = RolloutEngine(
+        model,
+        tok,
+        RolloutConfig(constrained_decoding=True, max_new_tokens=40, template="compact", history_window=1),
+        kwargs,
+    )
     trajectories = engine.collect([TaskSpec("rspo/Shop-v0", "train", i, group_id=i) for i in range(2)], 2)
     assert len(trajectories) == 4
     for traj in trajectories:

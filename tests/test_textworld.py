@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("textworld", reason="TextWorld adapter tests need the textworld package: "
-                                        "pip install 'rspo_lightning[textworld]'")
+pytest.importorskip(
+    "textworld", reason="TextWorld adapter tests need the textworld package: pip install 'rspo_lightning[textworld]'"
+)
 
 from rspo_lightning.envs import make_env, register_env  # noqa: E402
 from rspo_lightning.envs.base import NOTHING_HAPPENS  # noqa: E402
@@ -26,8 +27,7 @@ from rspo_lightning.envs.textworld_env import TextWorld, clean_feedback, task_ty
 
 ENV_ID = "rspo/TextWorld-v0"
 ENTRY_POINT = "rspo_lightning.envs.textworld_env:TextWorld"
-INFO_KEYS = {"task", "task_type", "admissible_actions", "anchor", "privileged", "won", "score",
-             "progress", "invalid"}
+INFO_KEYS = {"task", "task_type", "admissible_actions", "anchor", "privileged", "won", "score", "progress", "invalid"}
 SEEDS = (1, 2)
 
 
@@ -44,10 +44,28 @@ def games(tmp_path_factory) -> list[str]:
     """Two tiny custom games (2 rooms, 2 objects, quest length 2), made in parallel."""
     out = tmp_path_factory.mktemp("textworld")
     paths = [str(out / f"game{seed}.z8") for seed in SEEDS]
-    procs = [subprocess.Popen([_tw_make(), "custom", "--world-size", "2", "--nb-objects", "2",
-                               "--quest-length", "2", "--seed", str(seed), "--output", path, "--silent"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for seed, path in zip(SEEDS, paths)]
+    procs = [
+        subprocess.Popen(
+            [
+                _tw_make(),
+                "custom",
+                "--world-size",
+                "2",
+                "--nb-objects",
+                "2",
+                "--quest-length",
+                "2",
+                "--seed",
+                str(seed),
+                "--output",
+                path,
+                "--silent",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for seed, path in zip(SEEDS, paths)
+    ]
     for proc in procs:
         output, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, output.decode()
@@ -70,11 +88,15 @@ def env(games):
 
 
 def test_clean_feedback_drops_banner_status_line_and_end_prompt():
-    raw = ("\n\n   ________  ________\n  |        \\|  $$$$$$\\\n   \\$$$$$$$$ \\$$    $$\n\n"
-           "Welcome! Go east.\n\n\n\n-= Kitchen =-\nA kitchen.\n\n\n\n>            -= Kitchen =-0/1")
+    raw = (
+        "\n\n   ________  ________\n  |        \\|  $$$$$$\\\n   \\$$$$$$$$ \\$$    $$\n\n"
+        "Welcome! Go east.\n\n\n\n-= Kitchen =-\nA kitchen.\n\n\n\n>            -= Kitchen =-0/1"
+    )
     assert clean_feedback(raw) == "Welcome! Go east.\n\n-= Kitchen =-\nA kitchen."
-    end = ("\nYou close the box.\n\n\n*** The End ***\n\nWould you like to RESTART, RESTORE a saved game, "
-           "QUIT or UNDO the last command?\n>     -= Hall =-0/3")
+    end = (
+        "\nYou close the box.\n\n\n*** The End ***\n\nWould you like to RESTART, RESTORE a saved game, "
+        "QUIT or UNDO the last command?\n>     -= Hall =-0/3"
+    )
     assert clean_feedback(end) == "You close the box.\n\n*** The End ***"
     assert clean_feedback("\nThat's not a verb I recognise.\n\n>   -= Hall =-0/4") == "That's not a verb I recognise."
 
@@ -225,11 +247,19 @@ def test_rollout_engine_plays_textworld_with_constrained_decoding(games, tmp_pat
     env = make_env(ENV_ID, **kwargs)
     corpus = env.unwrapped.sample_texts(num_tasks=2) + template_texts()
     env.close()
-    model, tok = load_policy("tiny", corpus=corpus, save_dir=str(tmp_path),
-                             tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
+    model, tok = load_policy(
+        "tiny",
+        corpus=corpus,
+        save_dir=str(tmp_path),
+        tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64),
+    )
     torch.manual_seed(0)
-    engine = RolloutEngine(model, tok, RolloutConfig(constrained_decoding=True, max_new_tokens=40,
-                                                     template="compact", history_window=1), kwargs)
+    engine = RolloutEngine(
+        model,
+        tok,
+        RolloutConfig(constrained_decoding=True, max_new_tokens=40, template="compact", history_window=1),
+        kwargs,
+    )
     trajectories = engine.collect([TaskSpec(ENV_ID, "train", i, group_id=i) for i in range(2)], 2)
     assert len(trajectories) == 4 and engine.env_errors == 0
     for traj in trajectories:

@@ -26,10 +26,18 @@ def _hand_batch(n_on: int, n_signal: int, n_rep: int) -> TrainBatch:
     advantages[:n_signal] = torch.linspace(-1.0, 2.0, n_signal)
     advantages[n_on:] = torch.linspace(0.5, 3.0, n_rep)
     old = torch.full((n, T), -1.0) * response_mask
-    return TrainBatch(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), response_mask=response_mask,
-                      behaviour_logprobs=old.clone(), old_logprobs=old.clone(), advantages=advantages,
-                      returns=torch.zeros(n), clip_scale=torch.ones(n),
-                      is_replay=torch.arange(n) >= n_on, value_positions=torch.zeros(n, dtype=torch.long))
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        response_mask=response_mask,
+        behaviour_logprobs=old.clone(),
+        old_logprobs=old.clone(),
+        advantages=advantages,
+        returns=torch.zeros(n),
+        clip_scale=torch.ones(n),
+        is_replay=torch.arange(n) >= n_on,
+        value_positions=torch.zeros(n, dtype=torch.long),
+    )
 
 
 class _Capture(torch.optim.SGD):
@@ -45,8 +53,9 @@ class _Capture(torch.optim.SGD):
         self.steps += 1
 
 
-def _summed_gradient(batch: TrainBatch, den: update.Denominators, algo: AlgorithmConfig, alpha: float | None,
-                     seed: int, n_rows: int) -> tuple[torch.Tensor, int]:
+def _summed_gradient(
+    batch: TrainBatch, den: update.Denominators, algo: AlgorithmConfig, alpha: float | None, seed: int, n_rows: int
+) -> tuple[torch.Tensor, int]:
     """Sum over one epoch's optimizer steps of the gradient wrt per-token log-prob parameters
     ``theta [n_rows, T]`` (log-probs = theta, so the ratio is 1 at the start: the gradient is the
     surrogate's, -A per token, weighted as the update weighs it)."""
@@ -55,12 +64,20 @@ def _summed_gradient(batch: TrainBatch, den: update.Denominators, algo: Algorith
 
     def loss_fn(part: TrainBatch, scale: update.Scale):
         ids, w = part.input_ids[:, -1], part.response_mask.shape[1]
-        logprobs = theta[ids][:, T - w:] * part.response_mask
+        logprobs = theta[ids][:, T - w :] * part.response_mask
         fwd = Forward(logprobs=logprobs, entropy=torch.zeros_like(logprobs))
         return update.micro_batch_loss(fwd, part, scale, algo)
 
-    update.ppo_update(batch, loss_fn, opt, algo, dummy=batch.select(torch.arange(1)), generator=torch.Generator().manual_seed(seed),
-                      replay_weight=alpha, den=den)
+    update.ppo_update(
+        batch,
+        loss_fn,
+        opt,
+        algo,
+        dummy=batch.select(torch.arange(1)),
+        generator=torch.Generator().manual_seed(seed),
+        replay_weight=alpha,
+        den=den,
+    )
     return opt.summed, opt.steps
 
 
@@ -95,8 +112,14 @@ def test_j_weighting_by_hand_any_shuffle_and_with_or_without_the_drop(monkeypatc
     torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-7)
     # unshuffled, in minibatches of 10: the last one holds only the 10 replayed rows
     monkeypatch.setattr(torch, "randperm", lambda n, generator=None: torch.arange(n))
-    grad, steps = _summed_gradient(kept, den, AlgorithmConfig(loss_agg="seq-mean-token-mean", ppo_epochs=1, minibatch_size=10,
-                                                              max_grad_norm=0.0), alpha, 0, len(full))
+    grad, steps = _summed_gradient(
+        kept,
+        den,
+        AlgorithmConfig(loss_agg="seq-mean-token-mean", ppo_epochs=1, minibatch_size=10, max_grad_norm=0.0),
+        alpha,
+        0,
+        len(full),
+    )
     assert steps == 3 and bool(kept.select(torch.arange(20, 30)).is_replay.all())
     torch.testing.assert_close(grad, (110 / 10) * _hand_gradient(full, alpha, n_on, n_rep), rtol=1e-5, atol=1e-7)
 
@@ -113,7 +136,9 @@ def test_token_mean_counts_every_token_of_the_iteration():
     kept = full.select(torch.arange(4))
     grad, steps = _summed_gradient(kept, den, algo, None, 0, len(full))
     assert steps == 2
-    torch.testing.assert_close(grad, (12 / 2) * -full.advantages[:, None] * full.response_mask / tokens, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(
+        grad, (12 / 2) * -full.advantages[:, None] * full.response_mask / tokens, rtol=1e-5, atol=1e-7
+    )
 
 
 def test_term_weights_by_hand():

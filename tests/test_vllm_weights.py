@@ -5,8 +5,8 @@ import copy
 
 import pytest
 import torch
-
 from conftest import EASY_ENV
+
 from rspo_lightning.config import LoraSettings
 from rspo_lightning.policy import apply_lora
 from rspo_lightning.rollout import RolloutConfig, RolloutEngine
@@ -45,6 +45,7 @@ def test_lora_weights_are_sent_merged_and_the_adapters_stay(tiny_policy, tmp_pat
         assert torch.equal(p, before[name]), name
     path = save_weights(state, str(tmp_path))
     from safetensors.torch import load_file
+
     assert set(load_file(path)) == set(state)
 
 
@@ -79,6 +80,7 @@ def test_bad_backend_settings_fail_at_startup():
 def test_missing_vllm_names_the_extra(tiny_policy):
     pytest.importorskip("torch")
     import importlib.util
+
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here; the error path is for environments without it")
     model, tok = tiny_policy
@@ -100,7 +102,9 @@ def _gather_on_rank(rank: int, world: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         corpus = ["go to cabinet 1", "take apple 1 from cabinet 1"]
-        model, _ = load_policy("tiny", corpus=corpus, tiny=TinyModelConfig(hidden_size=32, num_heads=2, intermediate_size=64))
+        model, _ = load_policy(
+            "tiny", corpus=corpus, tiny=TinyModelConfig(hidden_size=32, num_heads=2, intermediate_size=64)
+        )
         reference = full_state_dict(model)
         shard_fsdp2(model, init_device_mesh("cpu", (world,)))
         assert any(hasattr(p, "full_tensor") for p in model.parameters())  # really sharded
@@ -133,8 +137,11 @@ def test_score_reports_the_behaviour_logprob_mismatch_against_the_training_forwa
     from rspo_lightning.policy import TinyModelConfig
 
     torch.manual_seed(0)
-    m = AgentRLModule(policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)),
-                      env=EnvConfig(kwargs=EASY_ENV), rollout=RolloutConfig(max_new_tokens=4))
+    m = AgentRLModule(
+        policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)),
+        env=EnvConfig(kwargs=EASY_ENV),
+        rollout=RolloutConfig(max_new_tokens=4),
+    )
     m.configure_model()
     flat = flatten(m.engine.collect([TaskSpec("rspo/Household-v0", "train", i, group_id=i) for i in range(2)], 2))
     batch = make_train_batch(flat, m.engine.pad_id, torch.zeros(len(flat.turns)))
@@ -144,7 +151,9 @@ def test_score_reports_the_behaviour_logprob_mismatch_against_the_training_forwa
     # a rollout engine off by +0.3 on one token and -0.1 on all the others
     batch = make_train_batch(flat, m.engine.pad_id, torch.zeros(len(flat.turns)))
     first = tuple(mask.nonzero()[0].tolist())
-    shift = torch.where(mask, torch.full_like(batch.behaviour_logprobs, -0.1), torch.zeros_like(batch.behaviour_logprobs))
+    shift = torch.where(
+        mask, torch.full_like(batch.behaviour_logprobs, -0.1), torch.zeros_like(batch.behaviour_logprobs)
+    )
     shift[first] = 0.3
     batch.behaviour_logprobs = batch.behaviour_logprobs + shift
     _, off = m.score(batch)
@@ -171,13 +180,25 @@ def test_every_weight_change_marks_the_engine_stale():
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             self.marks.append(pl_module.engine._weights_stale)
 
-    m = AgentRLModule(policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)),
-                      env=EnvConfig(kwargs=EASY_ENV), algorithm=AlgorithmConfig(ppo_epochs=1, drop_zero_advantage=False),
-                      rollout=RolloutConfig(max_new_tokens=4))
-    dm = AgentDataModule(env=EnvConfig(kwargs=EASY_ENV), groups_per_iteration=2, group_size=2, iterations_per_epoch=2, val_splits=[])
+    m = AgentRLModule(
+        policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)),
+        env=EnvConfig(kwargs=EASY_ENV),
+        algorithm=AlgorithmConfig(ppo_epochs=1, drop_zero_advantage=False),
+        rollout=RolloutConfig(max_new_tokens=4),
+    )
+    dm = AgentDataModule(
+        env=EnvConfig(kwargs=EASY_ENV), groups_per_iteration=2, group_size=2, iterations_per_epoch=2, val_splits=[]
+    )
     watch = Watch()
-    trainer = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, callbacks=[watch])
+    trainer = pl.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[watch],
+    )
     trainer.fit(m, dm)
     assert watch.marks == [True, True]  # each iteration's update
     snapshot = m.snapshot_trainable()

@@ -26,8 +26,7 @@ from rspo_lightning.envs.webshop_env import WebShop, parse_webshop_action
 
 BASE_URL = "http://127.0.0.1:3000"
 SEP = " [SEP] "
-INFO_KEYS = {"task", "task_type", "admissible_actions", "anchor", "privileged", "won", "score",
-             "progress", "invalid"}
+INFO_KEYS = {"task", "task_type", "admissible_actions", "anchor", "privileged", "won", "score", "progress", "invalid"}
 
 # -- a stand-in for web_agent_site.envs.web_agent_text_env.WebAgentTextEnv ------------------------
 
@@ -45,10 +44,18 @@ def make_goal(i: int) -> dict:
     asin = sorted(PRODUCTS)[i % len(PRODUCTS)]
     title, price, options, attributes = PRODUCTS[asin]
     values = [vs[-1] for vs in options.values()]
-    return {"asin": asin, "category": "fashion" if "Running" in title else "grocery", "query": title.lower(),
-            "name": title, "product_category": "x", "attributes": attributes, "price_upper": price + 10,
-            "goal_options": values, "weight": 1,
-            "instruction_text": f"i need {title.lower()} {' '.join(values)}, and price lower than {price + 10:.2f} dollars"}
+    return {
+        "asin": asin,
+        "category": "fashion" if "Running" in title else "grocery",
+        "query": title.lower(),
+        "name": title,
+        "product_category": "x",
+        "attributes": attributes,
+        "price_upper": price + 10,
+        "goal_options": values,
+        "weight": 1,
+        "instruction_text": f"i need {title.lower()} {' '.join(values)}, and price lower than {price + 10:.2f} dollars",
+    }
 
 
 def fake_reward(goal: dict, asin: str, options: dict) -> float:
@@ -119,8 +126,10 @@ class FakeTextEnv:
             return {"has_search_bar": False, "clickables": clicks + [a.lower() for a in self._page_hits()]}
         if kind == "item_page":
             values = [v for vs in PRODUCTS[s["asin"]][2].values() for v in vs]
-            return {"has_search_bar": False, "clickables": ["back to search", "< prev", "description",
-                                                            "features", "reviews", "buy now"] + values}
+            return {
+                "has_search_bar": False,
+                "clickables": ["back to search", "< prev", "description", "features", "reviews", "buy now"] + values,
+            }
         if kind == "item_sub_page":
             return {"has_search_bar": False, "clickables": ["back to search", "< prev"]}
         return {"has_search_bar": False, "clickables": []}  # done
@@ -135,7 +144,7 @@ class FakeTextEnv:
 
     @property
     def kind(self):
-        url = self.browser.current_url[len(BASE_URL):].strip("/").split("/")
+        url = self.browser.current_url[len(BASE_URL) :].strip("/").split("/")
         return url[0] if len(url) > 1 else ""
 
     def _hits(self):
@@ -144,7 +153,7 @@ class FakeTextEnv:
 
     def _page_hits(self):
         p = self.sess["page"]
-        return self._hits()[(p - 1) * self.per_page:p * self.per_page]
+        return self._hits()[(p - 1) * self.per_page : p * self.per_page]
 
     def _results(self, keywords, page):
         self.sess.update(keywords=keywords, page=page, asin=None, options={})
@@ -152,8 +161,10 @@ class FakeTextEnv:
 
     def _item(self):
         s = self.sess
-        self.browser.current_url = (f"{BASE_URL}/item_page/{self.session}/{s['asin']}/{'+'.join(s['keywords'])}/"
-                                    f"{s['page']}/{json.dumps(s['options'])}")
+        self.browser.current_url = (
+            f"{BASE_URL}/item_page/{self.session}/{s['asin']}/{'+'.join(s['keywords'])}/"
+            f"{s['page']}/{json.dumps(s['options'])}"
+        )
 
     def _click(self, arg):
         s, kind = self.sess, self.kind
@@ -173,8 +184,10 @@ class FakeTextEnv:
         elif arg == "< prev":
             self._results(s["keywords"], s["page"])
         elif arg in ("description", "features", "reviews"):
-            self.browser.current_url = (f"{BASE_URL}/item_sub_page/{self.session}/{s['asin']}/"
-                                        f"{'+'.join(s['keywords'])}/{s['page']}/{arg.title()}/{s['options']}")
+            self.browser.current_url = (
+                f"{BASE_URL}/item_sub_page/{self.session}/{s['asin']}/"
+                f"{'+'.join(s['keywords'])}/{s['page']}/{arg.title()}/{s['options']}"
+            )
         elif kind == "search_results":  # a product link
             s["asin"] = arg.upper()
             s["asins"].add(s["asin"])
@@ -205,7 +218,9 @@ class FakeTextEnv:
             return SEP.join(parts + [f"about {title}"])
         for name, values in options.items():
             parts += [name, *values]
-        return SEP.join(parts + [title, f"Price: ${price}", "Rating: N.A.", "Description", "Features", "Reviews", "Buy Now"])
+        return SEP.join(
+            parts + [title, f"Price: ${price}", "Rating: N.A.", "Description", "Features", "Reviews", "Buy Now"]
+        )
 
 
 def make(**kwargs) -> tuple[WebShop, FakeTextEnv]:
@@ -224,8 +239,14 @@ def test_splits_follow_the_webshop_protocol():
     env, fake = make()
     assert env.splits == ("train", "valid", "test")
     assert [env.num_tasks(s) for s in ("test", "valid", "train")] == [500, 1000, 100]  # 1600 goals
-    for split, task_id, goal_idx in (("test", 0, 0), ("test", 499, 499), ("valid", 0, 500), ("valid", 999, 1499),
-                                     ("train", 0, 1500), ("train", 99, 1599)):
+    for split, task_id, goal_idx in (
+        ("test", 0, 0),
+        ("test", 499, 499),
+        ("valid", 0, 500),
+        ("valid", 999, 1499),
+        ("train", 0, 1500),
+        ("train", 99, 1599),
+    ):
         obs, info = env.reset(options={"split": split, "task_id": task_id})
         assert fake.resets[-1] == goal_idx and type(fake.resets[-1]) is int  # WebShop needs an int session
         assert fake.session == f"t_{goal_idx}"
@@ -275,15 +296,29 @@ def test_admissible_actions_on_every_page():
     assert info["admissible_actions"] == [f"search[{goal['instruction_text'].lower()}]"]
     obs, _, _, _, info = env.step("search[running]")
     assert fake.steps_sent == ["search[running]"]
-    assert info["admissible_actions"] == ["click[back to search]", "click[next >]", "click[b000000001]", "click[b000000002]"]
+    assert info["admissible_actions"] == [
+        "click[back to search]",
+        "click[next >]",
+        "click[b000000001]",
+        "click[b000000002]",
+    ]
     obs, _, _, _, info = env.step("click[next >]")
     assert info["admissible_actions"] == ["click[back to search]", "click[< prev]", "click[b000000005]"]
     env.step("click[< prev]")
     obs, _, _, _, info = env.step("CLICK[B000000001]")  # normalised: WebShop lower-cases the argument
     assert fake.steps_sent[-1] == "click[b000000001]" and fake.sess["asin"] == "B000000001"
-    assert info["admissible_actions"] == ["click[back to search]", "click[< prev]", "click[description]",
-                                          "click[features]", "click[reviews]", "click[buy now]",
-                                          "click[red]", "click[blue]", "click[8]", "click[9]"]
+    assert info["admissible_actions"] == [
+        "click[back to search]",
+        "click[< prev]",
+        "click[description]",
+        "click[features]",
+        "click[reviews]",
+        "click[buy now]",
+        "click[red]",
+        "click[blue]",
+        "click[8]",
+        "click[9]",
+    ]
     _, _, _, _, info = env.step("click[description]")
     assert info["admissible_actions"] == ["click[back to search]", "click[< prev]"]
 
@@ -300,9 +335,32 @@ def test_free_text_search_only_on_the_search_page():
     assert obs == "Nothing happens." and info["invalid"] and len(fake.steps_sent) == before
 
 
-BAD = ["", " ", "x" * 5000, "苹果 🍎", "\x00", "\ud800", "search[]", "search[ ]", "search", "click[]",
-       "click[search]", "click[buy now", "buy now", "<action>click[buy now]</action>", "click[b000000003]",
-       "click[green]", None, b"click[buy now]", 0, 3.5, True, ["click[buy now]"], {"a": 1}, object()]
+BAD = [
+    "",
+    " ",
+    "x" * 5000,
+    "苹果 🍎",
+    "\x00",
+    "\ud800",
+    "search[]",
+    "search[ ]",
+    "search",
+    "click[]",
+    "click[search]",
+    "click[buy now",
+    "buy now",
+    "<action>click[buy now]</action>",
+    "click[b000000003]",
+    "click[green]",
+    None,
+    b"click[buy now]",
+    0,
+    3.5,
+    True,
+    ["click[buy now]"],
+    {"a": 1},
+    object(),
+]
 
 
 @pytest.mark.parametrize("page", ["search", "item"])
@@ -385,10 +443,12 @@ def test_progress_and_anchor_follow_the_page():
     _, _, _, _, info = env.step("search[running shoes]")
     assert info["progress"] == pytest.approx(1 / 3) and info["anchor"] == "webshop:search_results/running+shoes/1"
     _, _, _, _, info = env.step("click[b000000001]")
-    assert info["progress"] == pytest.approx(2 / 3) and info["anchor"] == "webshop:item_page/B000000001/running+shoes/1/{}"
+    assert (
+        info["progress"] == pytest.approx(2 / 3) and info["anchor"] == "webshop:item_page/B000000001/running+shoes/1/{}"
+    )
     _, _, _, _, info = env.step("click[blue]")
     assert info["anchor"] == 'webshop:item_page/B000000001/running+shoes/1/{"color": "blue"}'
-    assert "t_0" not in info["anchor"] and "selected {\"color\": \"blue\"}" in info["privileged"]
+    assert "t_0" not in info["anchor"] and 'selected {"color": "blue"}' in info["privileged"]
     assert "Goal product: B000000001" in info["privileged"]
     _, _, _, _, info = env.step("click[features]")
     assert info["progress"] == pytest.approx(2 / 3) and info["anchor"].startswith("webshop:item_sub_page/B000000001/")

@@ -6,4 +6,12 @@ from rspo_lightning.callbacks.progress import IterationProgressBar
 from rspo_lightning.callbacks.rspo import RSPOAgent, RSPOLoop
 from rspo_lightning.callbacks.transcripts import TranscriptLogger, render_transcript
 
-__all__ = ["Curriculum", "EnvStepBudget", "IterationProgressBar", "RSPOAgent", "RSPOLoop", "TranscriptLogger", "render_transcript"]
+__all__ = [
+    "Curriculum",
+    "EnvStepBudget",
+    "IterationProgressBar",
+    "RSPOAgent",
+    "RSPOLoop",
+    "TranscriptLogger",
+    "render_transcript",
+]

@@ -28,9 +28,12 @@ class EnvStepBudget(pl.Callback):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if not isinstance(getattr(pl_module, "env_steps", None), int):
-            raise TypeError(f"EnvStepBudget needs a LightningModule with an integer `env_steps` counter; {type(pl_module).__name__} has none")
+            raise TypeError(
+                f"EnvStepBudget needs a LightningModule with an integer `env_steps` counter; {type(pl_module).__name__} has none"
+            )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if pl_module.env_steps >= self.max_env_steps and all(
-                cb.at_loop_end(pl_module.iteration) for cb in trainer.callbacks if hasattr(cb, "at_loop_end")):
+            cb.at_loop_end(pl_module.iteration) for cb in trainer.callbacks if hasattr(cb, "at_loop_end")
+        ):
             trainer.should_stop = True

@@ -23,7 +23,9 @@ class Curriculum(pl.Callback):
     the strategy's ``reduce``), so all ranks move to a level together.
     """
 
-    def __init__(self, knob: str = "difficulty", levels: list[Any] = [0, 1, 2, 3], threshold: float = 0.7, window: int = 5):
+    def __init__(
+        self, knob: str = "difficulty", levels: list[Any] = [0, 1, 2, 3], threshold: float = 0.7, window: int = 5
+    ):
         if not levels:
             raise ValueError("curriculum.levels must list at least one value")
         if not 0 < threshold <= 1:
@@ -36,7 +38,9 @@ class Curriculum(pl.Callback):
 
     def _apply(self, pl_module) -> None:
         if not hasattr(pl_module, "set_env_kwargs"):
-            raise TypeError(f"Curriculum needs a LightningModule with set_env_kwargs(dict); {type(pl_module).__name__} has none")
+            raise TypeError(
+                f"Curriculum needs a LightningModule with set_env_kwargs(dict); {type(pl_module).__name__} has none"
+            )
         pl_module.set_env_kwargs({self.knob: self.levels[self.level]})
 
     def on_fit_start(self, trainer, pl_module) -> None:
@@ -50,8 +54,11 @@ class Curriculum(pl.Callback):
             successes, count = pooled.tolist()
         if count:
             self._recent.append(successes / count)
-        if (len(self._recent) == self.window and sum(self._recent) / self.window >= self.threshold
-                and self.level + 1 < len(self.levels)):
+        if (
+            len(self._recent) == self.window
+            and sum(self._recent) / self.window >= self.threshold
+            and self.level + 1 < len(self.levels)
+        ):
             self.level += 1
             self._recent.clear()
             self._apply(pl_module)

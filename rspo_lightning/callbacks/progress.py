@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from lightning.pytorch.callbacks import TQDMProgressBar
 
-
 INTEGER_ITEMS = ("it", "phase")  # the RL iteration; RSPOLoop's phase (0 explore, 1 collect, 2 exploit)
 
 

@@ -43,7 +43,8 @@ import copy
 import dataclasses
 import math
 from collections import defaultdict
-from typing import Any, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import lightning.pytorch as pl
 import torch
@@ -144,11 +145,16 @@ def agent_a_into_checkpoint(module: pl.LightningModule, checkpoint: dict) -> Non
     agent A, and a fit without the loop continues A."""
     snapshot = None
     for state in (checkpoint.get("callbacks") or {}).values():
-        if isinstance(state, dict) and {"snapshot", "buffer", "counts"} <= state.keys() and state["snapshot"] is not None:
+        if (
+            isinstance(state, dict)
+            and {"snapshot", "buffer", "counts"} <= state.keys()
+            and state["snapshot"] is not None
+        ):
             snapshot = state["snapshot"]
     trainer = module._trainer
-    fitting_with_loop = (trainer is not None and trainer.state.fn == "fit"
-                         and any(isinstance(cb, RSPOLoop) for cb in trainer.callbacks))
+    fitting_with_loop = (
+        trainer is not None and trainer.state.fn == "fit" and any(isinstance(cb, RSPOLoop) for cb in trainer.callbacks)
+    )
     if snapshot is None or fitting_with_loop or "state_dict" not in checkpoint:
         return
     # tied weights (embeddings = LM head) appear once among the parameters, under every name in the state dict
@@ -171,9 +177,11 @@ def episode_metrics(trajectories: Sequence[Trajectory], prefix: str, window: int
     if not trajectories:
         return {}
     n = len(trajectories)
-    return {f"{prefix}/success_rate": sum(t.success for t in trajectories) / n,
-            f"{prefix}/progress": sum(t.turns[-1].progress if t.turns else t.initial_progress for t in trajectories) / n,
-            f"{prefix}/repeat_visits": repeat_visit_rate(trajectories, window)}
+    return {
+        f"{prefix}/success_rate": sum(t.success for t in trajectories) / n,
+        f"{prefix}/progress": sum(t.turns[-1].progress if t.turns else t.initial_progress for t in trajectories) / n,
+        f"{prefix}/repeat_visits": repeat_visit_rate(trajectories, window),
+    }
 
 
 def scale_learning_rates(module: pl.LightningModule, scale: float) -> None:
@@ -188,12 +196,17 @@ def scale_learning_rates(module: pl.LightningModule, scale: float) -> None:
 def check_length_neutral(source: Any, explorer_reward: str) -> None:
     """Under ``explorer_reward: dense`` no outcome bounds B's return: a dense source that pays a
     bonus per valid turn would let a long failure out-earn a short win. Refused at startup."""
-    if explorer_reward == "dense" and getattr(source, "grounding_mode", None) == "bonus" and getattr(source, "grounding", 0) > 0:
+    if (
+        explorer_reward == "dense"
+        and getattr(source, "grounding_mode", None) == "bonus"
+        and getattr(source, "grounding", 0) > 0
+    ):
         raise ValueError(
             f"RSPOLoop explorer_reward='dense' with {type(source).__name__}(grounding={source.grounding}, grounding_mode='bonus'): "
             f"with no outcome in B's reward, {source.grounding} per valid turn lets a long failure out-earn a short win. "
             "Use grounding_mode: penalty (the default: -grounding per invalid turn, the same per-turn contrast) or "
-            "explorer_reward: outcome+dense")
+            "explorer_reward: outcome+dense"
+        )
 
 
 def repeat_visit_rate(trajectories: Sequence[Trajectory], window: int) -> float:
@@ -203,7 +216,7 @@ def repeat_visit_rate(trajectories: Sequence[Trajectory], window: int) -> float:
     for traj in trajectories:
         anchors = [t.anchor for t in traj.turns]
         for i, a in enumerate(anchors):
-            repeats += a in anchors[max(0, i - window):i]
+            repeats += a in anchors[max(0, i - window) : i]
         turns += len(anchors)
     return repeats / turns if turns else 0.0
 
@@ -234,7 +247,9 @@ def group_by_task(trajectories: Sequence[Trajectory]) -> list[list[Trajectory]]:
 
 def swap_to_outcome(group: Sequence[Trajectory]) -> list[Trajectory]:
     """The reward swap: copies whose turns carry only the outcome reward (dense zeroed)."""
-    return [dataclasses.replace(t, turns=[dataclasses.replace(turn, dense_reward=0.0) for turn in t.turns]) for t in group]
+    return [
+        dataclasses.replace(t, turns=[dataclasses.replace(turn, dense_reward=0.0) for turn in t.turns]) for t in group
+    ]
 
 
 EXPLORER_REWARDS = ("dense", "outcome+dense", "outcome")
@@ -326,13 +341,19 @@ class RSPOLoop(pl.Callback):
         if not 0 <= offline_ratio < 1:
             raise ValueError(f"RSPOLoop offline_ratio must be in [0, 1), got {offline_ratio}; the paper uses 0.125")
         if collect_groups is not None and collect_groups < 1:
-            raise ValueError(f"RSPOLoop collect_groups must be >= 1 or None (all groups of the batch), got {collect_groups}")
+            raise ValueError(
+                f"RSPOLoop collect_groups must be >= 1 or None (all groups of the batch), got {collect_groups}"
+            )
         if explorer_reward not in EXPLORER_REWARDS:
-            raise ValueError(f"RSPOLoop explorer_reward must be one of {EXPLORER_REWARDS} ('outcome' = RSPO_O), got {explorer_reward!r}")
+            raise ValueError(
+                f"RSPOLoop explorer_reward must be one of {EXPLORER_REWARDS} ('outcome' = RSPO_O), got {explorer_reward!r}"
+            )
         if not (math.isfinite(dense_scale) and dense_scale > 0):
             raise ValueError(f"RSPOLoop dense_scale must be a finite number > 0, got {dense_scale!r}")
         if replay_from not in REPLAY_FROM:
-            raise ValueError(f"RSPOLoop replay_from must be one of {REPLAY_FROM} (history = RSPO_H), got {replay_from!r}")
+            raise ValueError(
+                f"RSPOLoop replay_from must be one of {REPLAY_FROM} (history = RSPO_H), got {replay_from!r}"
+            )
         if replay_baseline not in ("collected", "online"):
             raise ValueError(f"RSPOLoop replay_baseline must be 'collected' or 'online', got {replay_baseline!r}")
         if offline_weighting not in ("alpha", "tokens"):
@@ -342,7 +363,9 @@ class RSPOLoop(pl.Callback):
         if not (math.isfinite(explorer_lr_scale) and explorer_lr_scale > 0):
             raise ValueError(f"RSPOLoop explorer_lr_scale must be a finite number > 0, got {explorer_lr_scale!r}")
         if explorer_temperature is not None and not explorer_temperature > 0:
-            raise ValueError(f"RSPOLoop explorer_temperature must be > 0 or None (the rollout's), got {explorer_temperature!r}")
+            raise ValueError(
+                f"RSPOLoop explorer_temperature must be > 0 or None (the rollout's), got {explorer_temperature!r}"
+            )
         if explorer_credit not in EXPLORER_CREDIT:
             raise ValueError(f"RSPOLoop explorer_credit must be one of {EXPLORER_CREDIT}, got {explorer_credit!r}")
         if not 0 <= explorer_gamma <= 1:
@@ -350,10 +373,14 @@ class RSPOLoop(pl.Callback):
         if exploration_window < 1:
             raise ValueError(f"RSPOLoop exploration_window must be >= 1, got {exploration_window}")
         if explorer_resync_every < 1:
-            raise ValueError(f"RSPOLoop explorer_resync_every must be >= 1 (1 = B := A every loop), got {explorer_resync_every}")
+            raise ValueError(
+                f"RSPOLoop explorer_resync_every must be >= 1 (1 = B := A every loop), got {explorer_resync_every}"
+            )
         if replay_slots != "signal" and replay_baseline == "online":
-            raise ValueError(f"RSPOLoop replay_slots={replay_slots!r} picks trajectories by their stored advantage, which "
-                             "replay_baseline='online' does not keep: use replay_baseline='collected'")
+            raise ValueError(
+                f"RSPOLoop replay_slots={replay_slots!r} picks trajectories by their stored advantage, which "
+                "replay_baseline='online' does not keep: use replay_baseline='collected'"
+            )
         self.k, self.offline_ratio, self.collect_groups = k, offline_ratio, collect_groups
         self.dense_reward, self.explorer_reward, self.replay_from = dense_reward, explorer_reward, replay_from
         self.dense_scale, self.offline_weighting, self.replay_baseline = dense_scale, offline_weighting, replay_baseline
@@ -364,8 +391,14 @@ class RSPOLoop(pl.Callback):
         self.b_state: dict | None = None  # a persistent B's trainable state between its phases
         self.exploration_window = exploration_window
         # With the online baseline a replay's advantage is only known once A has played its task.
-        self.buffer = ReplayBuffer(capacity=capacity, sampling=sampling, seed=seed, unit=replay_unit,
-                                   skip_zero_advantage=replay_baseline == "collected", slots=replay_slots)
+        self.buffer = ReplayBuffer(
+            capacity=capacity,
+            sampling=sampling,
+            seed=seed,
+            unit=replay_unit,
+            skip_zero_advantage=replay_baseline == "collected",
+            slots=replay_slots,
+        )
         self.snapshot: dict | None = None  # agent A's trainable state while B trains
         self.counts = {"a_iterations": 0, "b_iterations": 0, "collected_groups": 0, "loops": 0}
         self._phase = "exploit"
@@ -397,8 +430,9 @@ class RSPOLoop(pl.Callback):
         """α for the module's two-part loss, or None (pooled token-mean)."""
         return self.offline_ratio if self.offline_weighting == "alpha" else None
 
-    def replay_for(self, iteration: int, total_groups: int, group_size: int, rank: int = 0,
-                   world_size: int = 1) -> list[list[Trajectory]]:
+    def replay_for(
+        self, iteration: int, total_groups: int, group_size: int, rank: int = 0, world_size: int = 1
+    ) -> list[list[Trajectory]]:
         """This rank's replay items for ``iteration``, drawn from D now: none outside exploit;
         else ``replay_groups_per_rank(total_groups, world_size, α)[rank]`` groups, or that many
         times ``group_size`` trajectories with ``replay_unit="trajectory"``. A replay-aware data
@@ -438,9 +472,11 @@ class RSPOLoop(pl.Callback):
         check_length_neutral(pl_module.dense_reward, self.explorer_reward)
         self._advantages = getattr(pl_module, "outcome_advantages", None)
         if self.buffer.unit == "trajectory" and self._advantages is None:
-            raise TypeError(f"RSPOLoop replay_unit='trajectory' needs the module's outcome_advantages(trajectories) "
-                            f"(the advantage of each stored turn over its full group); {type(pl_module).__name__} lacks it: "
-                            "add it or use replay_unit='group'")
+            raise TypeError(
+                f"RSPOLoop replay_unit='trajectory' needs the module's outcome_advantages(trajectories) "
+                f"(the advantage of each stored turn over its full group); {type(pl_module).__name__} lacks it: "
+                "add it or use replay_unit='group'"
+            )
         dm = getattr(trainer, "datamodule", None) if trainer is not None else None
         self._mixed_by_data = dm is not None and hasattr(dm, "replay_source")
         if self._mixed_by_data:
@@ -454,20 +490,32 @@ class RSPOLoop(pl.Callback):
         batch.dense_scale = 1.0
         if phase == "explore":
             if n % self.loop_length == 0:  # a new loop: clear D (A's own groups stay under `both`), B := A
-                self.buffer.retain(lambda g: self.replay_from == "both" and g[0].policy_tag == "A"
-                                   and g[0].iteration >= n - self.loop_length)
+                self.buffer.retain(
+                    lambda g: (
+                        self.replay_from == "both" and g[0].policy_tag == "A" and g[0].iteration >= n - self.loop_length
+                    )
+                )
                 self.snapshot = pl_module.snapshot_trainable()
                 self.counts["loops"] += 1
                 if self.b_state is not None and (self.counts["loops"] - 1) % self.explorer_resync_every:
                     pl_module.restore_trainable(self.b_state)  # a persistent B continues
             batch.reward_mode, batch.policy_tag, batch.dense_scale = self.explorer_reward, "B", self.dense_scale
-            batch.temperature, batch.credit, batch.credit_gamma = self.explorer_temperature, self.explorer_credit, self.explorer_gamma
+            batch.temperature, batch.credit, batch.credit_gamma = (
+                self.explorer_temperature,
+                self.explorer_credit,
+                self.explorer_gamma,
+            )
             if self.explorer_lr_scale != 1.0:  # B's rate: A's schedule, scaled (B's optimizer state is discarded)
                 scale_learning_rates(pl_module, self.explorer_lr_scale)
         elif phase == "collect":
-            tasks = batch.tasks if self.collect_groups is None else batch.tasks[:self.collect_groups]
-            played = pl_module.collect(tasks, batch.group_size, policy_tag="B", purpose="rspo_collect",
-                                       **({"temperature": self.explorer_temperature} if self.explorer_temperature else {}))
+            tasks = batch.tasks if self.collect_groups is None else batch.tasks[: self.collect_groups]
+            played = pl_module.collect(
+                tasks,
+                batch.group_size,
+                policy_tag="B",
+                purpose="rspo_collect",
+                **({"temperature": self.explorer_temperature} if self.explorer_temperature else {}),
+            )
             self._store(played, count=True)
             self.explored = played
             self._restore_a(pl_module)
@@ -530,17 +578,20 @@ class RSPOLoop(pl.Callback):
             if self.replay_from in ("history", "both"):
                 self._store(played, count=False)
             values["rspo/repeat_visits_A"] = repeat_visit_rate(played, self.exploration_window)
-        pl_module.log_dict({
-            **values,
-            "rspo/phase": PHASE_CODE[phase],
-            "rspo/buffer_size": float(len(self.buffer)),
-            "rspo/buffer_signal_items": float(self.buffer.num_candidates()),
-            "rspo/buffer_wins": float(self.buffer.num_wins()),
-            "rspo/buffer_used_frac": self.buffer.used_fraction(),
-            "rspo/replay_frac": self._replay_frac,
-            "rspo/buffer_success_rate": self.buffer.success_rate(),
-            "rspo/a_iterations": float(self.counts["a_iterations"]),
-        }, on_step=True)
+        pl_module.log_dict(
+            {
+                **values,
+                "rspo/phase": PHASE_CODE[phase],
+                "rspo/buffer_size": float(len(self.buffer)),
+                "rspo/buffer_signal_items": float(self.buffer.num_candidates()),
+                "rspo/buffer_wins": float(self.buffer.num_wins()),
+                "rspo/buffer_used_frac": self.buffer.used_fraction(),
+                "rspo/replay_frac": self._replay_frac,
+                "rspo/buffer_success_rate": self.buffer.success_rate(),
+                "rspo/a_iterations": float(self.counts["a_iterations"]),
+            },
+            on_step=True,
+        )
         pl_module.log("phase", PHASE_CODE[phase], prog_bar=True, on_step=True, logger=False)
         self.explored = []
 
@@ -558,7 +609,12 @@ class RSPOLoop(pl.Callback):
 
     # -- checkpoint -------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"buffer": self.buffer.state_dict(), "snapshot": self.snapshot, "counts": dict(self.counts), "b_state": self.b_state}
+        return {
+            "buffer": self.buffer.state_dict(),
+            "snapshot": self.snapshot,
+            "counts": dict(self.counts),
+            "b_state": self.b_state,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer.load_state_dict(state["buffer"])

@@ -28,15 +28,30 @@ def fenced(text: str) -> str:
 def render_transcript(traj: Trajectory, tokenizer=None, max_chars: int = 2000) -> str:
     """Markdown of one episode: a header line, then per turn the observation, the model's
     response and the parsed action, each a fenced code block (truncated to ``max_chars``)."""
-    split, task_id, task_type = (re.sub(r"[^\w.-]", "_", str(v)) for v in (traj.task.split, traj.task.task_id, traj.task_type))
-    lines = [f"**task** {split}/{task_id} ({task_type}) — success: {bool(traj.success)}, score: {traj.score:.2f}, "
-             f"turns: {len(traj.turns)}", ""]  # outside the code blocks: plain names only
+    split, task_id, task_type = (
+        re.sub(r"[^\w.-]", "_", str(v)) for v in (traj.task.split, traj.task.task_id, traj.task_type)
+    )
+    lines = [
+        f"**task** {split}/{task_id} ({task_type}) — success: {bool(traj.success)}, score: {traj.score:.2f}, "
+        f"turns: {len(traj.turns)}",
+        "",
+    ]  # outside the code blocks: plain names only
     for i, turn in enumerate(traj.turns):
         response = tokenizer.decode(turn.response_ids, skip_special_tokens=True) if tokenizer is not None else ""
-        lines += [f"**{i + 1}. observation**", "", fenced(_clip(turn.observation, max_chars)), "",
-                  "**response**", "", fenced(_clip(response, max_chars)), "",
-                  f"**action** ({'valid' if turn.valid else 'INVALID'}, reward {turn.outcome_reward:g})", "",
-                  fenced(_clip(turn.action, max_chars)), ""]
+        lines += [
+            f"**{i + 1}. observation**",
+            "",
+            fenced(_clip(turn.observation, max_chars)),
+            "",
+            "**response**",
+            "",
+            fenced(_clip(response, max_chars)),
+            "",
+            f"**action** ({'valid' if turn.valid else 'INVALID'}, reward {turn.outcome_reward:g})",
+            "",
+            fenced(_clip(turn.action, max_chars)),
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -67,8 +82,13 @@ class TranscriptLogger(pl.Callback):
         chosen = sorted(trajs, key=lambda t: not t.success)[: self.num_episodes]
         tok = getattr(pl_module, "tokenizer", None)
         for i, traj in enumerate(chosen):
-            write_text(trainer, f"transcripts/episode_{i}", f"iteration{iteration}_episode{i}",
-                       render_transcript(traj, tok, self.max_chars), iteration)
+            write_text(
+                trainer,
+                f"transcripts/episode_{i}",
+                f"iteration{iteration}_episode{i}",
+                render_transcript(traj, tok, self.max_chars),
+                iteration,
+            )
 
 
 def write_text(trainer, tag: str, name: str, text: str, step: int) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Iterator
+from collections.abc import Iterator
 
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader, IterableDataset
@@ -37,7 +37,7 @@ def _rng(*parts: object) -> random.Random:
 class _TaskStream(IterableDataset):
     """Yields ``iterations_per_epoch`` IterationBatches for the epoch the datamodule is in."""
 
-    def __init__(self, dm: "AgentDataModule"):
+    def __init__(self, dm: AgentDataModule):
         self.dm = dm
 
     def __len__(self) -> int:
@@ -178,14 +178,20 @@ class AgentDataModule(pl.LightningDataModule):
         rank, world = self._rank_world()
         tasks = self.iteration_tasks(n)[rank::world]
         # RSPOLoop turns some groups into replay groups and sets the reward mode per phase.
-        return IterationBatch(tasks=tasks, group_size=self.group_size, reward_mode=self.reward_mode, dense_scale=self.dense_scale)
+        return IterationBatch(
+            tasks=tasks, group_size=self.group_size, reward_mode=self.reward_mode, dense_scale=self.dense_scale
+        )
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """Compose the iteration's mix of on-policy groups and replay (training batches only):
         called when the iteration starts, after the prefetch."""
         trainer = self.trainer
-        if (self.replay_source is None or trainer is None or not trainer.training
-                or not isinstance(batch, IterationBatch)):
+        if (
+            self.replay_source is None
+            or trainer is None
+            or not trainer.training
+            or not isinstance(batch, IterationBatch)
+        ):
             return batch
         rank, world = self._rank_world()
         self.replay_source.mix_into(batch, trainer.lightning_module.iteration, self.groups_per_iteration, rank, world)
@@ -214,7 +220,9 @@ class AgentDataModule(pl.LightningDataModule):
             # Every rank yields as many batches as the rank with most tasks (empty ones past its own):
             # each validation batch is a lock-step rollout that all ranks must join.
             num_batches = -(-len(tasks[0::world]) // step)
-            batches = [IterationBatch(tasks=mine[s * step:(s + 1) * step], group_size=group_size) for s in range(num_batches)]
+            batches = [
+                IterationBatch(tasks=mine[s * step : (s + 1) * step], group_size=group_size) for s in range(num_batches)
+            ]
             loaders.append(DataLoader(_ValTasks(batches), batch_size=None, collate_fn=_identity))
         return loaders
 

@@ -35,19 +35,21 @@ def turn_samples(trajectories: list[Trajectory]) -> list[dict[str, Any]]:
     for i, traj in enumerate(trajectories):
         outcome = traj.outcome_return
         for t, turn in enumerate(traj.turns):
-            samples.append({
-                "prompt_ids": turn.prompt_ids.long(),
-                "response_ids": turn.response_ids.long(),
-                "traj_index": i,
-                "turn_index": t,
-                "num_turns": len(traj.turns),
-                "outcome": outcome,
-                "success": bool(traj.success),
-                "score": float(traj.score),
-                "valid": bool(turn.valid),
-                "dense_reward": float(turn.dense_reward),
-                "progress": float(turn.progress),
-            })
+            samples.append(
+                {
+                    "prompt_ids": turn.prompt_ids.long(),
+                    "response_ids": turn.response_ids.long(),
+                    "traj_index": i,
+                    "turn_index": t,
+                    "num_turns": len(traj.turns),
+                    "outcome": outcome,
+                    "success": bool(traj.success),
+                    "score": float(traj.score),
+                    "valid": bool(turn.valid),
+                    "dense_reward": float(turn.dense_reward),
+                    "progress": float(turn.progress),
+                }
+            )
     return samples
 
 
@@ -74,9 +76,9 @@ def collate_turns(samples: list[dict[str, Any]], pad_id: int = 0) -> dict[str, t
     for i, s in enumerate(samples):
         p, r = len(s["prompt_ids"]), len(s["response_ids"])
         input_ids[i, :p] = s["prompt_ids"]
-        input_ids[i, p:p + r] = s["response_ids"]
-        attention_mask[i, :p + r] = 1
-        labels[i, p:p + r] = s["response_ids"]
+        input_ids[i, p : p + r] = s["response_ids"]
+        attention_mask[i, : p + r] = 1
+        labels[i, p : p + r] = s["response_ids"]
     batch = {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
@@ -84,9 +86,17 @@ def collate_turns(samples: list[dict[str, Any]], pad_id: int = 0) -> dict[str, t
         "prompt_lengths": torch.tensor([len(s["prompt_ids"]) for s in samples], dtype=torch.long),
         "turn_end": torch.tensor(lengths, dtype=torch.long) - 1,
     }
-    for key, dtype in (("traj_index", torch.long), ("turn_index", torch.long), ("num_turns", torch.long),
-                       ("outcome", torch.float32), ("success", torch.bool), ("score", torch.float32),
-                       ("valid", torch.bool), ("dense_reward", torch.float32), ("progress", torch.float32)):
+    for key, dtype in (
+        ("traj_index", torch.long),
+        ("turn_index", torch.long),
+        ("num_turns", torch.long),
+        ("outcome", torch.float32),
+        ("success", torch.bool),
+        ("score", torch.float32),
+        ("valid", torch.bool),
+        ("dense_reward", torch.float32),
+        ("progress", torch.float32),
+    ):
         batch[key] = torch.tensor([s[key] for s in samples], dtype=dtype)
     return batch
 
@@ -191,8 +201,14 @@ class TrajectoryDataModule(pl.LightningDataModule):
 
     def _loader(self, items: list, shuffle: bool) -> DataLoader:
         gen = torch.Generator().manual_seed(self.seed) if shuffle else None
-        return DataLoader(_ListDataset(items), batch_size=self.batch_size, shuffle=shuffle, generator=gen,
-                          collate_fn=self.collate_fn(), num_workers=self.num_workers)
+        return DataLoader(
+            _ListDataset(items),
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            generator=gen,
+            collate_fn=self.collate_fn(),
+            num_workers=self.num_workers,
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_samples, shuffle=True)
@@ -246,10 +262,23 @@ class TrajectoryEpisodeDataModule(TrajectoryDataModule):
         num_workers: DataLoader worker processes.
     """
 
-    def __init__(self, train_path: str, val_path: str | None = None, batch_size: int = 8, val_fraction: float = 0.05,
-                 seed: int = 0, num_workers: int = 0):
-        super().__init__(train_path, val_path=val_path, batch_size=batch_size, val_fraction=val_fraction, seed=seed,
-                         num_workers=num_workers)
+    def __init__(
+        self,
+        train_path: str,
+        val_path: str | None = None,
+        batch_size: int = 8,
+        val_fraction: float = 0.05,
+        seed: int = 0,
+        num_workers: int = 0,
+    ):
+        super().__init__(
+            train_path,
+            val_path=val_path,
+            batch_size=batch_size,
+            val_fraction=val_fraction,
+            seed=seed,
+            num_workers=num_workers,
+        )
 
     def samples(self, trajectories: list[Trajectory]) -> list:
         return [t for t in trajectories if t.turns]

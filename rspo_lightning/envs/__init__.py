@@ -31,5 +31,13 @@ def register_envs() -> None:
 
 register_envs()
 
-__all__ = ["ENV_ENTRY_POINTS", "Household", "Shop", "TextEnv", "make_env", "register_env", "register_envs",
-           "registered_env_ids"]
+__all__ = [
+    "ENV_ENTRY_POINTS",
+    "Household",
+    "Shop",
+    "TextEnv",
+    "make_env",
+    "register_env",
+    "register_envs",
+    "registered_env_ids",
+]

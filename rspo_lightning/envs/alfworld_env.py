@@ -36,9 +36,10 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rspo_lightning.envs.base import TextEnv, normalize_action
 
@@ -64,12 +65,18 @@ GAME_FILE = "game.tw-pddl"
 EXPERTS = ("handcoded", "planner")
 # Facts that only record what the agent has looked at; no action's precondition reads them.
 _BOOKKEEPING_FACTS = frozenset({"checked", "examined"})
-_OBJECT_STATES = (("isclean", "clean"), ("ishot", "hot"), ("iscool", "cool"), ("issliced", "sliced"),
-                  ("ison", "on"), ("istoggled", "toggled"))
+_OBJECT_STATES = (
+    ("isclean", "clean"),
+    ("ishot", "hot"),
+    ("iscool", "cool"),
+    ("issliced", "sliced"),
+    ("ison", "on"),
+    ("istoggled", "toggled"),
+)
 _TASK_LINE = re.compile(r"Your task is to: (.*)")
 # The words of the command templates in alfworld's grammar (alfworld/data/alfred.twl2).
 _COMMAND_WORDS = "go to open close take from move put into in use heat cool clean slice with examine inventory look"
-_GAMES_CACHE: dict[tuple[str, tuple[str, ...]], tuple["AlfworldGame", ...]] = {}
+_GAMES_CACHE: dict[tuple[str, tuple[str, ...]], tuple[AlfworldGame, ...]] = {}
 
 
 @dataclass(frozen=True)
@@ -88,7 +95,8 @@ def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path:
         raise ValueError(
             f"ALFWorld data folder {str(path)!r} does not exist (from "
             f"{'data_dir' if data_dir is not None else 'ALFWORLD_DATA'}); download the games with "
-            f"`ALFWORLD_DATA={path} alfworld-download`, or pass data_dir= / set ALFWORLD_DATA to the folder holding json_2.1.1/")
+            f"`ALFWORLD_DATA={path} alfworld-download`, or pass data_dir= / set ALFWORLD_DATA to the folder holding json_2.1.1/"
+        )
     return path
 
 
@@ -101,8 +109,10 @@ def canonical_task_types(task_types: Sequence[str] | None) -> tuple[str, ...]:
     names = {HOUSEHOLD_TASK_TYPES.get(t, t) for t in task_types}
     unknown = sorted(names - set(TASK_TYPES))
     if unknown:
-        raise ValueError(f"unknown task types {unknown}; valid task types are {list(TASK_TYPES)} "
-                         f"(or Household's {list(HOUSEHOLD_TASK_TYPES)})")
+        raise ValueError(
+            f"unknown task types {unknown}; valid task types are {list(TASK_TYPES)} "
+            f"(or Household's {list(HOUSEHOLD_TASK_TYPES)})"
+        )
     return tuple(t for t in TASK_TYPES if t in names)
 
 
@@ -147,10 +157,17 @@ def _import_alfworld(data_dir: Path) -> dict[str, Any]:
         from alfworld.agents.expert import HandCodedTWAgent
         from textworld.envs.wrappers import GenericEnvironment
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise ImportError("rspo/ALFWorld-v0 needs the alfworld package: pip install 'rspo_lightning[alfworld]' "
-                          "(or pip install alfworld)") from exc
-    return {"EnvInfos": textworld.EnvInfos, "GenericEnvironment": GenericEnvironment,
-            "AlfredDemangler": AlfredDemangler, "AlfredInfos": AlfredInfos, "HandCodedTWAgent": HandCodedTWAgent}
+        raise ImportError(
+            "rspo/ALFWorld-v0 needs the alfworld package: pip install 'rspo_lightning[alfworld]' "
+            "(or pip install alfworld)"
+        ) from exc
+    return {
+        "EnvInfos": textworld.EnvInfos,
+        "GenericEnvironment": GenericEnvironment,
+        "AlfredDemangler": AlfredDemangler,
+        "AlfredInfos": AlfredInfos,
+        "HandCodedTWAgent": HandCodedTWAgent,
+    }
 
 
 def _natural_key(name: str) -> tuple[str, int]:
@@ -231,7 +248,8 @@ class ALFWorld(TextEnv):
                 f"no ALFWorld games for split {split!r} (task types {list(self.task_types)}) under "
                 f"{str(split_dir)!r}; data_dir/ALFWORLD_DATA must hold json_2.1.1/<split>/**/traj_data.json with a "
                 f"solvable game.tw-pddl beside it: run `ALFWORLD_DATA={self.data_dir} alfworld-download` "
-                f"or set ALFWORLD_DATA / data_dir to the folder that has them")
+                f"or set ALFWORLD_DATA / data_dir to the folder that has them"
+            )
         return n
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -342,11 +360,19 @@ class ALFWorld(TextEnv):
 
     # -- info -----------------------------------------------------------------------------------
 
-
     def _info(self, invalid: bool) -> dict[str, Any]:
         if self._game is None:  # before the first reset
-            return {"task": "", "task_type": "", "admissible_actions": [], "anchor": "", "privileged": None,
-                    "won": False, "score": 0.0, "progress": 0.0, "invalid": invalid}
+            return {
+                "task": "",
+                "task_type": "",
+                "admissible_actions": [],
+                "anchor": "",
+                "privileged": None,
+                "won": False,
+                "score": 0.0,
+                "progress": 0.0,
+                "invalid": invalid,
+            }
         won = 1.0 if self._won else 0.0
         return {
             "task": self._task,
@@ -363,8 +389,9 @@ class ALFWorld(TextEnv):
     def _anchor(self) -> str:
         """`alfworld:` + 16 hex digits of sha1 over the game path and its sorted PDDL facts (minus
         `checked`/`examined`): equal keys <=> same game in the same state."""
-        lines = [self._game.path] + [f"{name}({', '.join(args)})" for name, args in self._facts
-                                     if name not in _BOOKKEEPING_FACTS]
+        lines = [self._game.path] + [
+            f"{name}({', '.join(args)})" for name, args in self._facts if name not in _BOOKKEEPING_FACTS
+        ]
         return "alfworld:" + hashlib.sha1("\n".join(lines).encode()).hexdigest()[:16]
 
     def _privileged(self) -> str:
@@ -395,8 +422,11 @@ class ALFWorld(TextEnv):
             return f"{obj} ({', '.join(states[obj])})" if obj in states else obj
 
         here = " / ".join(sorted(where.get(at, []), key=_natural_key)) or "the middle of the room"
-        lines = [f"Task: {self._task}", f"You are at {here}.",
-                 f"You are holding {', '.join(map(named, held)) or 'nothing'}."]
+        lines = [
+            f"Task: {self._task}",
+            f"You are at {here}.",
+            f"You are holding {', '.join(map(named, held)) or 'nothing'}.",
+        ]
         for rec in sorted(contents, key=_natural_key):
             status = (" (open)" if rec in opened else " (closed)") if rec in openable else ""
             objects = ", ".join(named(o) for o in sorted(contents[rec], key=_natural_key)) or "nothing"

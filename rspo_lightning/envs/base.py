@@ -135,7 +135,7 @@ class TextEnv(gymnasium.Env):
         return self._won
 
     def _invalid(self):
-        """"Nothing happens.": the state is unchanged, but the step counts (and may truncate)."""
+        """ "Nothing happens.": the state is unchanged, but the step counts (and may truncate)."""
         if not self._done:
             self._steps += 1
             self._truncated = self._steps >= self.max_steps

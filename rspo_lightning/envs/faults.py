@@ -31,7 +31,6 @@ MODES = ("raise", "hang", "garbage", "die")
 
 
 class FaultyEnv(gymnasium.Wrapper):
-
     """Wraps ``inner_id`` and injects faults (see the module docstring).
 
     Args:
@@ -48,9 +47,17 @@ class FaultyEnv(gymnasium.Wrapper):
     _instances = itertools.count()
     injected_total = {m: 0 for m in MODES}  # over every instance of the process (soak reports)
 
-    def __init__(self, inner_id: str = "rspo/Household-v0", inner_kwargs: dict | None = None, fault_rate: float = 0.05,
-                 modes: list[str] = ["raise", "hang", "garbage"], fault_at_step: int | None = None, hang_s: float = 2.0,
-                 on_reset: bool = False, seed: int = 0):
+    def __init__(
+        self,
+        inner_id: str = "rspo/Household-v0",
+        inner_kwargs: dict | None = None,
+        fault_rate: float = 0.05,
+        modes: list[str] = ["raise", "hang", "garbage"],
+        fault_at_step: int | None = None,
+        hang_s: float = 2.0,
+        on_reset: bool = False,
+        seed: int = 0,
+    ):
         bad = [m for m in modes if m not in MODES]
         if bad or not modes:
             raise ValueError(f"FaultyEnv modes must be a non-empty subset of {MODES}, got {modes}")
@@ -82,7 +89,9 @@ class FaultyEnv(gymnasium.Wrapper):
             return (None, "x", 3, [], 7)
         if mode == "die":
             if not os.environ.get(WORKER_ENV_VAR):  # never end the trainer's own process
-                raise RuntimeError("injected 'die' fault outside a worker process (rollout.env_workers: 0): raised instead")
+                raise RuntimeError(
+                    "injected 'die' fault outside a worker process (rollout.env_workers: 0): raised instead"
+                )
             os._exit(17)
         return call(*args, **kwargs)
 

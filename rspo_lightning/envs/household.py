@@ -61,35 +61,99 @@ _REQUIRED_STATE = {
 OBJECT_TYPES: dict[str, frozenset[str]] = {
     name: frozenset(abilities.split())
     for name, abilities in {
-        "apple": "clean heat cool", "bread": "heat cool", "egg": "clean heat cool",
-        "lettuce": "clean cool", "potato": "clean heat cool", "tomato": "clean heat cool",
-        "mug": "clean heat cool look", "cup": "clean heat cool", "plate": "clean heat cool",
-        "bowl": "clean cool look", "pan": "clean cool", "pot": "clean cool",
-        "knife": "clean", "fork": "clean", "spoon": "clean", "spatula": "clean",
-        "ladle": "clean", "cloth": "clean", "soapbar": "clean", "winebottle": "cool",
-        "pencil": "look", "pen": "look", "book": "look", "cd": "look", "keychain": "look",
-        "creditcard": "look", "cellphone": "look", "alarmclock": "look",
-        "remotecontrol": "look", "statue": "look", "vase": "look", "box": "look",
-        "pillow": "look", "laptop": "look", "newspaper": "look", "watch": "look",
-        "candle": "", "spraybottle": "", "towel": "", "tissuebox": "",
+        "apple": "clean heat cool",
+        "bread": "heat cool",
+        "egg": "clean heat cool",
+        "lettuce": "clean cool",
+        "potato": "clean heat cool",
+        "tomato": "clean heat cool",
+        "mug": "clean heat cool look",
+        "cup": "clean heat cool",
+        "plate": "clean heat cool",
+        "bowl": "clean cool look",
+        "pan": "clean cool",
+        "pot": "clean cool",
+        "knife": "clean",
+        "fork": "clean",
+        "spoon": "clean",
+        "spatula": "clean",
+        "ladle": "clean",
+        "cloth": "clean",
+        "soapbar": "clean",
+        "winebottle": "cool",
+        "pencil": "look",
+        "pen": "look",
+        "book": "look",
+        "cd": "look",
+        "keychain": "look",
+        "creditcard": "look",
+        "cellphone": "look",
+        "alarmclock": "look",
+        "remotecontrol": "look",
+        "statue": "look",
+        "vase": "look",
+        "box": "look",
+        "pillow": "look",
+        "laptop": "look",
+        "newspaper": "look",
+        "watch": "look",
+        "candle": "",
+        "spraybottle": "",
+        "towel": "",
+        "tissuebox": "",
     }.items()
 }
 
 # Receptacle types an object can be asked to go into.
 GOAL_RECEPTACLES: tuple[str, ...] = (
-    "countertop", "cabinet", "drawer", "shelf", "diningtable", "desk", "sidetable", "dresser",
-    "coffeetable", "sofa", "armchair", "bed", "garbagecan", "safe", "fridge", "microwave",
+    "countertop",
+    "cabinet",
+    "drawer",
+    "shelf",
+    "diningtable",
+    "desk",
+    "sidetable",
+    "dresser",
+    "coffeetable",
+    "sofa",
+    "armchair",
+    "bed",
+    "garbagecan",
+    "safe",
+    "fridge",
+    "microwave",
     "sinkbasin",
 )
 # Receptacles that fill the rest of the room (repeats make cabinets and drawers common).
 _FILLER_RECEPTACLES: tuple[str, ...] = (
-    "cabinet", "cabinet", "cabinet", "drawer", "drawer", "drawer", "countertop", "countertop",
-    "shelf", "shelf", "diningtable", "desk", "sidetable", "dresser", "coffeetable", "sofa",
-    "armchair", "bed", "garbagecan", "safe", "stoveburner", "toaster", "coffeemachine",
+    "cabinet",
+    "cabinet",
+    "cabinet",
+    "drawer",
+    "drawer",
+    "drawer",
+    "countertop",
+    "countertop",
+    "shelf",
+    "shelf",
+    "diningtable",
+    "desk",
+    "sidetable",
+    "dresser",
+    "coffeetable",
+    "sofa",
+    "armchair",
+    "bed",
+    "garbagecan",
+    "safe",
+    "stoveburner",
+    "toaster",
+    "coffeemachine",
 )
 # Filler types a room has at most one of (a room with three beds reads oddly).
-_SINGLE_FILLERS = frozenset({"diningtable", "desk", "dresser", "coffeetable", "sofa", "bed",
-                             "garbagecan", "toaster", "coffeemachine"})
+_SINGLE_FILLERS = frozenset(
+    {"diningtable", "desk", "dresser", "coffeetable", "sofa", "bed", "garbagecan", "toaster", "coffeemachine"}
+)
 OPENABLE: frozenset[str] = frozenset({"fridge", "cabinet", "drawer", "microwave", "safe"})
 _LAMP = "desklamp"
 
@@ -135,26 +199,46 @@ _INSTRUCTIONS = {
 _WELCOME = "-= Welcome to TextWorld, ALFRED! =-\n\n{look}\n\nYour task is to: {task}"
 # Every fixed text the env prints; vocabulary() tokenises them with the names removed.
 _MESSAGES = (
-    _WELCOME, NOTHING_HAPPENS, *(t for pair in _INSTRUCTIONS.values() for t in pair),
+    _WELCOME,
+    NOTHING_HAPPENS,
+    *(t for pair in _INSTRUCTIONS.values() for t in pair),
     "You are in the middle of a room. Looking quickly around you, you see nothing.",
-    "You are facing the {r}. Next to it, you see nothing.", "You arrive at {r}.",
-    "The {r} is closed.", "The {r} is open. In it, you see a {o}, and a {o}.",
-    "On the {r}, you see a {o}.", "The {r} is on.", "The {r} is off.", "You open the {r}.",
-    "You close the {r}.", "You pick up the {o} from the {r}.", "You put the {o} in/on the {r}.",
-    "You clean the {o} using the {r}.", "You heat the {o} using the {r}.",
-    "You cool the {o} using the {r}.", "You turn on the {r}.",
-    "There's nothing special about {o}.", "You are carrying: a {o}.",
+    "You are facing the {r}. Next to it, you see nothing.",
+    "You arrive at {r}.",
+    "The {r} is closed.",
+    "The {r} is open. In it, you see a {o}, and a {o}.",
+    "On the {r}, you see a {o}.",
+    "The {r} is on.",
+    "The {r} is off.",
+    "You open the {r}.",
+    "You close the {r}.",
+    "You pick up the {o} from the {r}.",
+    "You put the {o} in/on the {r}.",
+    "You clean the {o} using the {r}.",
+    "You heat the {o} using the {r}.",
+    "You cool the {o} using the {r}.",
+    "You turn on the {r}.",
+    "There's nothing special about {o}.",
+    "You are carrying: a {o}.",
     "You are not carrying anything.",
-    "go to {r}", "open {r}", "close {r}", "take {o} from {r}", "put {o} in/on {r}",
-    "clean {o} with {r}", "heat {o} with {r}", "cool {o} with {r}", "use {r}", "examine {r}",
-    "inventory", "look",
+    "go to {r}",
+    "open {r}",
+    "close {r}",
+    "take {o} from {r}",
+    "put {o} in/on {r}",
+    "clean {o} with {r}",
+    "heat {o} with {r}",
+    "cool {o} with {r}",
+    "use {r}",
+    "examine {r}",
+    "inventory",
+    "look",
 )
 #: How `vocabulary()` splits text into words (the same split as HF's `Whitespace` pre-tokenizer).
 
 DIFFICULTY_PRESETS: dict[int, dict[str, Any]] = {
     0: dict(task_types=["pick_and_place"], num_receptacles=6, num_distractors=2, max_steps=10),
-    1: dict(task_types=["pick_and_place", "look_at_obj_in_light"], num_receptacles=8,
-            num_distractors=4, max_steps=20),
+    1: dict(task_types=["pick_and_place", "look_at_obj_in_light"], num_receptacles=8, num_distractors=4, max_steps=20),
     2: dict(task_types=list(TASK_TYPES[:5]), num_receptacles=12, num_distractors=6, max_steps=30),
     3: dict(task_types=list(TASK_TYPES), num_receptacles=20, num_distractors=12, max_steps=50),
 }
@@ -203,8 +287,13 @@ def _a_list(names: list[str]) -> str:
 
 
 def generate_task(
-    seed: int, split: str, task_id: int, task_types: tuple[str, ...], num_receptacles: int,
-    num_distractors: int, object_types: tuple[str, ...] | None = None,
+    seed: int,
+    split: str,
+    task_id: int,
+    task_types: tuple[str, ...],
+    num_receptacles: int,
+    num_distractors: int,
+    object_types: tuple[str, ...] | None = None,
 ) -> HouseholdTask:
     """Build the task `(seed, split, task_id)`; pure and stable across Python runs.
 
@@ -224,8 +313,7 @@ def generate_task(
     # The first filler is never the goal type, so a target object always has a place to start.
     types.append(rng.choice([r for r in _FILLER_RECEPTACLES if r != goal_type]))
     while len(types) < num_receptacles:
-        types.append(rng.choice([r for r in _FILLER_RECEPTACLES
-                                 if r not in _SINGLE_FILLERS or r not in types]))
+        types.append(rng.choice([r for r in _FILLER_RECEPTACLES if r not in _SINGLE_FILLERS or r not in types]))
     rng.shuffle(types)
     receptacles = _numbered(types)
 
@@ -235,9 +323,7 @@ def generate_task(
     others = [o for o in (object_types or OBJECT_TYPES) if o != object_type]
     object_types = [object_type] * num_targets + [rng.choice(others) for _ in range(num_distractors)]
     objects = _numbered(object_types)
-    placement = tuple(
-        (obj, rng.choice(starts if i < num_targets else placeable)) for i, obj in enumerate(objects)
-    )
+    placement = tuple((obj, rng.choice(starts if i < num_targets else placeable)) for i, obj in enumerate(objects))
     return HouseholdTask(task_type, object_type, goal_type, instruction, tuple(receptacles), placement)
 
 
@@ -288,8 +374,7 @@ class Household(TextEnv):
     ) -> None:
         super().__init__(render_mode=render_mode)
         if difficulty is not None and difficulty not in DIFFICULTY_PRESETS:
-            raise ValueError(
-                f"difficulty must be None or one of {list(DIFFICULTY_PRESETS)}, got {difficulty!r}")
+            raise ValueError(f"difficulty must be None or one of {list(DIFFICULTY_PRESETS)}, got {difficulty!r}")
         preset = DIFFICULTY_PRESETS[difficulty] if difficulty is not None else _DEFAULTS
         task_types = preset["task_types"] if task_types is None else task_types
         num_receptacles = preset["num_receptacles"] if num_receptacles is None else num_receptacles
@@ -309,10 +394,13 @@ class Household(TextEnv):
                 f"{list(self.task_types)} (appliances {appliances} + a goal + a start receptacle), "
                 f"got {num_receptacles}"
             )
-        for name, value, low in (("num_distractors", num_distractors, 0), ("max_steps", max_steps, 1),
-                                 ("num_train_tasks", num_train_tasks, 1),
-                                 ("num_valid_seen", num_valid_seen, 1),
-                                 ("num_valid_unseen", num_valid_unseen, 1)):
+        for name, value, low in (
+            ("num_distractors", num_distractors, 0),
+            ("max_steps", max_steps, 1),
+            ("num_train_tasks", num_train_tasks, 1),
+            ("num_valid_seen", num_valid_seen, 1),
+            ("num_valid_unseen", num_valid_unseen, 1),
+        ):
             if int(value) < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
         self.num_receptacles = int(num_receptacles)
@@ -329,11 +417,15 @@ class Household(TextEnv):
                     if not any(c[0] in self.object_types for c in _COMBINATIONS[t, unseen]):
                         raise ValueError(
                             f"num_object_types={num_object_types} leaves task type {t!r} without "
-                            f"{'unseen' if unseen else 'seen'} goals; use more object types")
+                            f"{'unseen' if unseen else 'seen'} goals; use more object types"
+                        )
         self.success_reward = float(success_reward)
         self.seed = int(seed)
-        self._num_tasks = {"train": int(num_train_tasks), "valid_seen": int(num_valid_seen),
-                           "valid_unseen": int(num_valid_unseen)}
+        self._num_tasks = {
+            "train": int(num_train_tasks),
+            "valid_seen": int(num_valid_seen),
+            "valid_unseen": int(num_valid_unseen),
+        }
         # A fresh env holds train task 0 as an already-finished episode: step() before reset()
         # answers "Nothing happens." instead of raising.
         self._load("train", 0)
@@ -348,8 +440,9 @@ class Household(TextEnv):
         """The task `(split, task_id)` under this env's settings (does not change the state)."""
         split = self.check_split(split)
         task_id = self.check_task_id(split, task_id)
-        return generate_task(self.seed, split, task_id, self.task_types, self.num_receptacles,
-                             self.num_distractors, self.object_types)
+        return generate_task(
+            self.seed, split, task_id, self.task_types, self.num_receptacles, self.num_distractors, self.object_types
+        )
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """Start task `options["task_id"]` of `options["split"]` (default "train").
@@ -375,7 +468,6 @@ class Household(TextEnv):
         self._admissible = {} if self._done else self._compute_admissible()
         reward = self.success_reward if self._won else 0.0
         return self._observe(observation), reward, self._won, self._truncated, self._info(False)
-
 
     def _info(self, invalid: bool) -> dict[str, Any]:
         done, total = self._progress_counts()
@@ -432,7 +524,8 @@ class Household(TextEnv):
             kind = _type_of(at)
             if kind in OPENABLE:
                 commands[f"close {at}" if at in self._open else f"open {at}"] = (
-                    ("close", at) if at in self._open else ("open", at))
+                    ("close", at) if at in self._open else ("open", at)
+                )
             if kind == _LAMP:
                 commands[f"use {at}"] = ("use", at)
             elif self._accessible(at):
@@ -541,9 +634,14 @@ class Household(TextEnv):
             at_lamp = self._at is not None and _type_of(self._at) == _LAMP
             return holding + self._lamp_on + (holding and at_lamp), 3
         if task.task_type == "pick_two_obj_and_place":
-            placed = max((min(2, sum(map(self._is_target, objs)))
-                          for rec, objs in self._contents.items()
-                          if _type_of(rec) == task.receptacle_type), default=0)
+            placed = max(
+                (
+                    min(2, sum(map(self._is_target, objs)))
+                    for rec, objs in self._contents.items()
+                    if _type_of(rec) == task.receptacle_type
+                ),
+                default=0,
+            )
             return placed + min(2, placed + self._is_target(held)), 4
         state = _REQUIRED_STATE[task.task_type]
         best = 0
@@ -561,7 +659,8 @@ class Household(TextEnv):
 
     def _object_states(self, obj: str) -> list[str]:
         return (["clean"] if obj in self._clean else []) + (
-            [self._temperature[obj]] if obj in self._temperature else [])
+            [self._temperature[obj]] if obj in self._temperature else []
+        )
 
     def _anchor(self) -> str:
         """Canonical state key: location, held object, open receptacles, lamp, and every object
@@ -572,23 +671,31 @@ class Household(TextEnv):
             states = self._object_states(obj)
             if self._is_target(obj) or where != start or states:
                 parts.append(f"{obj}@{where}" + "".join(f"+{s}" for s in states))
-        return (f"at={self._at or 'middle'}|held={self._held or 'nothing'}"
-                f"|open={','.join(sorted(self._open, key=_natural_key))}"
-                f"|lamp={'on' if self._lamp_on else 'off'}|objects={';'.join(parts)}")
+        return (
+            f"at={self._at or 'middle'}|held={self._held or 'nothing'}"
+            f"|open={','.join(sorted(self._open, key=_natural_key))}"
+            f"|lamp={'on' if self._lamp_on else 'off'}|objects={';'.join(parts)}"
+        )
 
     def _privileged(self) -> str:
         """Full state text: where the agent is, what it holds, every receptacle's contents."""
+
         def named(obj: str) -> str:
             states = self._object_states(obj)
             return f"{obj} ({', '.join(states)})" if states else obj
 
-        lines = [f"Task: {self._task.instruction}",
-                 f"You are at {self._at or 'the middle of the room'}.",
-                 f"You are holding {named(self._held) if self._held else 'nothing'}."]
+        lines = [
+            f"Task: {self._task.instruction}",
+            f"You are at {self._at or 'the middle of the room'}.",
+            f"You are holding {named(self._held) if self._held else 'nothing'}.",
+        ]
         for rec in sorted(self._task.receptacles, key=_natural_key):
             kind = _type_of(rec)
-            status = ("on" if self._lamp_on else "off") if kind == _LAMP else (
-                ("open" if rec in self._open else "closed") if kind in OPENABLE else "")
+            status = (
+                ("on" if self._lamp_on else "off")
+                if kind == _LAMP
+                else (("open" if rec in self._open else "closed") if kind in OPENABLE else "")
+            )
             contents = ", ".join(named(o) for o in self._contents[rec]) or "nothing"
             lines.append(f"{rec}{f' ({status})' if status else ''}: {contents}")
         return "\n".join(lines)
@@ -623,16 +730,20 @@ class Household(TextEnv):
     def _expert_goal_receptacle(self) -> str:
         """Goal receptacle to fill: most targets already inside, then open, then by name."""
         goal = [r for r in self._task.receptacles if _type_of(r) == self._task.receptacle_type]
-        return min(goal, key=lambda r: (-sum(map(self._is_target, self._contents[r])),
-                                        not self._accessible(r), _natural_key(r)))
+        return min(
+            goal,
+            key=lambda r: (-sum(map(self._is_target, self._contents[r])), not self._accessible(r), _natural_key(r)),
+        )
 
     def _expert_pick_target(self, exclude: str | None, state: str | None = None) -> str:
         """Target object to fetch (not from `exclude`): already processed, reachable, by name."""
-        candidates = [o for o in self._objects_of_target_type()
-                      if o in self._location_of and self._location_of[o] != exclude]
-        return min(candidates, key=lambda o: (not self._has_state(o, state),
-                                              not self._accessible(self._location_of[o]),
-                                              _natural_key(o)))
+        candidates = [
+            o for o in self._objects_of_target_type() if o in self._location_of and self._location_of[o] != exclude
+        ]
+        return min(
+            candidates,
+            key=lambda o: (not self._has_state(o, state), not self._accessible(self._location_of[o]), _natural_key(o)),
+        )
 
     def _expert_take(self, obj: str) -> str:
         rec = self._location_of[obj]

@@ -33,14 +33,17 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rspo_lightning.envs.base import make_env
 
 BUILD_TIMEOUT_S = 300.0  # a worker building envs (imports included) may take this long
 WORKER_ENV_VAR = "RSPO_ENV_WORKER"
-SPAWN_HINT = ("workers start with 'spawn', which re-imports the main script: a script that starts training must do so "
-              "under `if __name__ == \"__main__\":` (the rspo-lightning command does)")  # set inside worker processes (FaultyEnv's "die" mode checks it)
+SPAWN_HINT = (
+    "workers start with 'spawn', which re-imports the main script: a script that starts training must do so "
+    'under `if __name__ == "__main__":` (the rspo-lightning command does)'
+)  # set inside worker processes (FaultyEnv's "die" mode checks it)
 
 
 class EnvFault(Exception):
@@ -62,8 +65,14 @@ def check_step(out) -> tuple:
     ok = isinstance(out, tuple) and len(out) == 5
     if ok:
         obs, reward, terminated, truncated, info = out
-        ok = (isinstance(obs, str) and isinstance(reward, (int, float)) and math.isfinite(float(reward))
-              and isinstance(terminated, (bool, int)) and isinstance(truncated, (bool, int)) and isinstance(info, dict))
+        ok = (
+            isinstance(obs, str)
+            and isinstance(reward, (int, float))
+            and math.isfinite(float(reward))
+            and isinstance(terminated, (bool, int))
+            and isinstance(truncated, (bool, int))
+            and isinstance(info, dict)
+        )
     if not ok:
         raise EnvFault(f"step returned {_short(out)}, expected (str, finite number, bool, bool, dict)")
     return out
@@ -108,7 +117,7 @@ class _TimedCaller:
             return [self._outcome(fn) for fn in fns]
         out: list[tuple[bool, Any]] = []
         while len(out) < len(fns):
-            todo = fns[len(out):]
+            todo = fns[len(out) :]
             if self._jobs is None:
                 self._jobs = queue.SimpleQueue()
                 threading.Thread(target=self._serve, args=(self._jobs,), name="env-call", daemon=True).start()
@@ -138,8 +147,10 @@ class _TimedCaller:
 
 def _bind(env, op: str, arg) -> Callable[[], Any]:
     if env is None:
+
         def missing():
             raise RuntimeError("the env could not be rebuilt after an earlier fault")
+
         return missing
     return (lambda: env.reset(options=arg)) if op == "reset" else (lambda: env.step(arg))
 
@@ -235,8 +246,15 @@ class EnvPool:
         grace_s: a worker silent for ``timeout_s + grace_s`` is killed and replaced.
     """
 
-    def __init__(self, env_id: str, env_kwargs: dict | None = None, *, num_workers: int = 0,
-                 timeout_s: float | None = 60.0, grace_s: float = 10.0):
+    def __init__(
+        self,
+        env_id: str,
+        env_kwargs: dict | None = None,
+        *,
+        num_workers: int = 0,
+        timeout_s: float | None = 60.0,
+        grace_s: float = 10.0,
+    ):
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0 (0 = envs in this process), got {num_workers}")
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
@@ -286,8 +304,12 @@ class EnvPool:
         lost = {i for i, _ in calls if i in self._lost}
         results = self._run([("step", i, a) for i, a in calls if i not in lost])
         it = iter(results)
-        return [EnvFault("step: its worker process died; the env was rebuilt and its episode lost") if i in lost else next(it)
-                for i, _ in calls]
+        return [
+            EnvFault("step: its worker process died; the env was rebuilt and its episode lost")
+            if i in lost
+            else next(it)
+            for i, _ in calls
+        ]
 
     def _run(self, calls: list[tuple[str, int, Any]]) -> list[tuple | EnvFault]:
         if self._closed:
@@ -307,8 +329,12 @@ class EnvPool:
     # -- workers -------------------------------------------------------------------------
     def _start_worker(self, w: int) -> None:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_worker_main, args=(child, self.env_id, self.env_kwargs, self.timeout_s, f"{w}.{self.worker_restarts}"),
-                                 name=f"rspo-env-{w}", daemon=True)
+        proc = self._ctx.Process(
+            target=_worker_main,
+            args=(child, self.env_id, self.env_kwargs, self.timeout_s, f"{w}.{self.worker_restarts}"),
+            name=f"rspo-env-{w}",
+            daemon=True,
+        )
         proc.start()
         child.close()
         self._workers[w] = (proc, parent)
@@ -331,8 +357,10 @@ class EnvPool:
                     raise TimeoutError(f"no answer within {BUILD_TIMEOUT_S} s")
                 conn.recv()
             except (EOFError, OSError) as exc:
-                raise RuntimeError(f"a replacement worker for {self.env_id} could not build its envs ({type(exc).__name__}: {exc}); "
-                                   f"{SPAWN_HINT}") from exc
+                raise RuntimeError(
+                    f"a replacement worker for {self.env_id} could not build its envs ({type(exc).__name__}: {exc}); "
+                    f"{SPAWN_HINT}"
+                ) from exc
 
     @property
     def worker_pids(self) -> list[int]:
@@ -411,14 +439,14 @@ class EnvPool:
                 proc.join(timeout=2)
             conn.close()
 
-    def __enter__(self) -> "EnvPool":
+    def __enter__(self) -> EnvPool:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-_open_pools: "weakref.WeakSet[EnvPool]" = weakref.WeakSet()
+_open_pools: weakref.WeakSet[EnvPool] = weakref.WeakSet()
 
 
 @atexit.register

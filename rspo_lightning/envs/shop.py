@@ -24,13 +24,13 @@ import functools
 import hashlib
 import random
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
-from rspo_lightning.envs.base import NOTHING_HAPPENS, TextEnv, normalize_action
-from rspo_lightning.envs.base import WORD_PATTERN
+from rspo_lightning.envs.base import NOTHING_HAPPENS, WORD_PATTERN, TextEnv, normalize_action
 
 # -- the catalogue -------------------------------------------------------------------------------
 
@@ -39,65 +39,188 @@ CATEGORIES: tuple[str, ...] = ("beauty", "food", "fashion", "furniture", "electr
 # type -> (category, attributes, {option name: values}, (lowest price, highest price)).
 # No option value, attribute or type name holds . , ; : ! ? (the tiny tokenizer splits on them).
 _TYPE_TABLE: dict[str, tuple[str, str, dict[str, str], tuple[int, int]]] = {
-    "shampoo": ("beauty", "sulfate free|paraben free|cruelty free|natural ingredients|dry hair|hair growth|color treated hair",
-                {"scent": "lavender|coconut|tea tree|citrus|unscented", "size": "8 fl oz|12 fl oz|16 fl oz|32 fl oz"}, (5, 40)),
-    "lipstick": ("beauty", "long lasting|cruelty free|paraben free|matte finish|highly pigmented|easy to apply",
-                 {"color": "ruby red|nude pink|berry|coral|mauve|plum", "size": "pack of 1|pack of 2|pack of 3"}, (4, 30)),
-    "face moisturizer": ("beauty", "fragrance free|oil free|sensitive skin|dry skin|hyaluronic acid|anti aging|non greasy",
-                         {"size": "50 ml|75 ml|100 ml|150 ml"}, (8, 60)),
-    "nail polish": ("beauty", "long lasting|quick dry|non toxic|cruelty free|chip resistant|high gloss",
-                    {"color": "classic red|baby pink|midnight blue|clear|black|lilac"}, (3, 20)),
-    "body wash": ("beauty", "sulfate free|moisturizing|sensitive skin|natural ingredients|dermatologist tested|paraben free",
-                  {"scent": "lavender|coconut|eucalyptus|vanilla|unscented", "size": "12 fl oz|18 fl oz|32 fl oz"}, (4, 25)),
-    "protein bars": ("food", "gluten free|high protein|low sugar|non gmo|keto friendly|dairy free|plant based",
-                     {"flavor": "chocolate peanut butter|cookies and cream|vanilla almond|salted caramel|birthday cake",
-                      "size": "12 count|15 count|24 count"}, (15, 45)),
-    "coffee": ("food", "fair trade|organic|medium roast|dark roast|whole bean|low acid",
-               {"flavor": "french vanilla|hazelnut|original|mocha|caramel", "size": "12 ounce|2 pound|5 pound"}, (8, 60)),
-    "popcorn": ("food", "gluten free|non gmo|low calorie|whole grain|ready to eat|air popped",
-                {"flavor": "sea salt|white cheddar|kettle corn|butter|caramel", "size": "pack of 6|pack of 12|pack of 24"}, (10, 40)),
-    "herbal tea": ("food", "caffeine free|organic|non gmo|individually wrapped|kosher|decaf",
-                   {"flavor": "chamomile|peppermint|hibiscus|ginger lemon|rooibos", "size": "20 count|40 count|100 count"}, (4, 30)),
-    "beef jerky": ("food", "high protein|low fat|gluten free|keto friendly|no preservatives|grass fed",
-                   {"flavor": "original|teriyaki|peppered|sweet and spicy", "size": "3 oz|8 oz|16 oz"}, (6, 45)),
-    "t-shirt": ("fashion", "machine washable|long sleeve|short sleeve|cotton|slim fit|moisture wicking|relaxed fit",
-                {"color": "black|white|navy|heather grey|red|olive green", "size": "small|medium|large|x-large|xx-large"}, (8, 40)),
-    "jeans": ("fashion", "machine washable|slim fit|straight leg|high waist|stretch denim|button closure|relaxed fit",
-              {"color": "dark wash|light wash|black|medium blue", "size": "28w x 30l|30w x 32l|32w x 32l|34w x 32l|36w x 34l"}, (20, 80)),
-    "running shoes": ("fashion", "non slip|rubber sole|lightweight|breathable mesh|arch support|lace up",
-                      {"color": "black|white|grey|navy|pink", "size": "7|8|9|10|11|12"}, (30, 120)),
-    "dress": ("fashion", "machine washable|short sleeve|v neck|elastic waist|pockets|knee length|floral print",
-              {"color": "black|navy|red|floral blue|green", "size": "x-small|small|medium|large|x-large"}, (15, 70)),
-    "hoodie": ("fashion", "machine washable|fleece lined|pullover|zip up|drawstring|kangaroo pocket|long sleeve",
-               {"color": "black|grey|navy|burgundy|forest green", "size": "small|medium|large|x-large|xx-large"}, (18, 60)),
-    "office chair": ("furniture", "ergonomic design|lumbar support|adjustable height|easy assembly|mesh back|360 swivel",
-                     {"color": "black|grey|white|blue"}, (50, 300)),
-    "bookshelf": ("furniture", "easy assembly|engineered wood|5 tier|space saving|living room|solid wood",
-                  {"color": "espresso|white|walnut|black oak"}, (30, 200)),
-    "coffee table": ("furniture", "easy assembly|living room|storage space|solid wood|lift top|mid century",
-                     {"color": "walnut|white|black|natural"}, (40, 250)),
-    "bed frame": ("furniture", "easy assembly|no box spring needed|metal frame|under bed storage|noise free|upholstered",
-                  {"color": "black|grey|white", "size": "twin|full|queen|king"}, (80, 400)),
-    "throw pillow covers": ("furniture", "machine washable|hidden zipper|living room|soft velvet|double sided|set of 2",
-                            {"color": "beige|navy|mustard yellow|grey|blush pink", "size": "18 x 18 inch|20 x 20 inch|22 x 22 inch"},
-                            (8, 30)),
-    "wireless earbuds": ("electronics", "noise cancelling|bluetooth 5|long battery life|water resistant|fast charging|touch control",
-                         {"color": "black|white|blue"}, (15, 150)),
-    "phone case": ("electronics", "shockproof|wireless charging compatible|slim fit|drop protection|kickstand|clear back",
-                   {"color": "black|clear|navy|red|pink", "model": "iphone 13|iphone 14|galaxy s22|galaxy s23|pixel 7"}, (5, 30)),
-    "hdmi cable": ("electronics", "high speed|4k|gold plated|braided|ethernet|long cable",
-                   {"size": "3 feet|6 feet|10 feet|15 feet"}, (5, 25)),
-    "power bank": ("electronics", "fast charging|usb c|portable|high capacity|led display|wireless charging",
-                   {"color": "black|white|blue", "size": "10000mah|20000mah|26800mah"}, (15, 70)),
-    "bluetooth speaker": ("electronics", "waterproof|portable|long battery life|bass boost|bluetooth 5|built in microphone",
-                          {"color": "black|blue|red|camo"}, (20, 150)),
+    "shampoo": (
+        "beauty",
+        "sulfate free|paraben free|cruelty free|natural ingredients|dry hair|hair growth|color treated hair",
+        {"scent": "lavender|coconut|tea tree|citrus|unscented", "size": "8 fl oz|12 fl oz|16 fl oz|32 fl oz"},
+        (5, 40),
+    ),
+    "lipstick": (
+        "beauty",
+        "long lasting|cruelty free|paraben free|matte finish|highly pigmented|easy to apply",
+        {"color": "ruby red|nude pink|berry|coral|mauve|plum", "size": "pack of 1|pack of 2|pack of 3"},
+        (4, 30),
+    ),
+    "face moisturizer": (
+        "beauty",
+        "fragrance free|oil free|sensitive skin|dry skin|hyaluronic acid|anti aging|non greasy",
+        {"size": "50 ml|75 ml|100 ml|150 ml"},
+        (8, 60),
+    ),
+    "nail polish": (
+        "beauty",
+        "long lasting|quick dry|non toxic|cruelty free|chip resistant|high gloss",
+        {"color": "classic red|baby pink|midnight blue|clear|black|lilac"},
+        (3, 20),
+    ),
+    "body wash": (
+        "beauty",
+        "sulfate free|moisturizing|sensitive skin|natural ingredients|dermatologist tested|paraben free",
+        {"scent": "lavender|coconut|eucalyptus|vanilla|unscented", "size": "12 fl oz|18 fl oz|32 fl oz"},
+        (4, 25),
+    ),
+    "protein bars": (
+        "food",
+        "gluten free|high protein|low sugar|non gmo|keto friendly|dairy free|plant based",
+        {
+            "flavor": "chocolate peanut butter|cookies and cream|vanilla almond|salted caramel|birthday cake",
+            "size": "12 count|15 count|24 count",
+        },
+        (15, 45),
+    ),
+    "coffee": (
+        "food",
+        "fair trade|organic|medium roast|dark roast|whole bean|low acid",
+        {"flavor": "french vanilla|hazelnut|original|mocha|caramel", "size": "12 ounce|2 pound|5 pound"},
+        (8, 60),
+    ),
+    "popcorn": (
+        "food",
+        "gluten free|non gmo|low calorie|whole grain|ready to eat|air popped",
+        {"flavor": "sea salt|white cheddar|kettle corn|butter|caramel", "size": "pack of 6|pack of 12|pack of 24"},
+        (10, 40),
+    ),
+    "herbal tea": (
+        "food",
+        "caffeine free|organic|non gmo|individually wrapped|kosher|decaf",
+        {"flavor": "chamomile|peppermint|hibiscus|ginger lemon|rooibos", "size": "20 count|40 count|100 count"},
+        (4, 30),
+    ),
+    "beef jerky": (
+        "food",
+        "high protein|low fat|gluten free|keto friendly|no preservatives|grass fed",
+        {"flavor": "original|teriyaki|peppered|sweet and spicy", "size": "3 oz|8 oz|16 oz"},
+        (6, 45),
+    ),
+    "t-shirt": (
+        "fashion",
+        "machine washable|long sleeve|short sleeve|cotton|slim fit|moisture wicking|relaxed fit",
+        {"color": "black|white|navy|heather grey|red|olive green", "size": "small|medium|large|x-large|xx-large"},
+        (8, 40),
+    ),
+    "jeans": (
+        "fashion",
+        "machine washable|slim fit|straight leg|high waist|stretch denim|button closure|relaxed fit",
+        {
+            "color": "dark wash|light wash|black|medium blue",
+            "size": "28w x 30l|30w x 32l|32w x 32l|34w x 32l|36w x 34l",
+        },
+        (20, 80),
+    ),
+    "running shoes": (
+        "fashion",
+        "non slip|rubber sole|lightweight|breathable mesh|arch support|lace up",
+        {"color": "black|white|grey|navy|pink", "size": "7|8|9|10|11|12"},
+        (30, 120),
+    ),
+    "dress": (
+        "fashion",
+        "machine washable|short sleeve|v neck|elastic waist|pockets|knee length|floral print",
+        {"color": "black|navy|red|floral blue|green", "size": "x-small|small|medium|large|x-large"},
+        (15, 70),
+    ),
+    "hoodie": (
+        "fashion",
+        "machine washable|fleece lined|pullover|zip up|drawstring|kangaroo pocket|long sleeve",
+        {"color": "black|grey|navy|burgundy|forest green", "size": "small|medium|large|x-large|xx-large"},
+        (18, 60),
+    ),
+    "office chair": (
+        "furniture",
+        "ergonomic design|lumbar support|adjustable height|easy assembly|mesh back|360 swivel",
+        {"color": "black|grey|white|blue"},
+        (50, 300),
+    ),
+    "bookshelf": (
+        "furniture",
+        "easy assembly|engineered wood|5 tier|space saving|living room|solid wood",
+        {"color": "espresso|white|walnut|black oak"},
+        (30, 200),
+    ),
+    "coffee table": (
+        "furniture",
+        "easy assembly|living room|storage space|solid wood|lift top|mid century",
+        {"color": "walnut|white|black|natural"},
+        (40, 250),
+    ),
+    "bed frame": (
+        "furniture",
+        "easy assembly|no box spring needed|metal frame|under bed storage|noise free|upholstered",
+        {"color": "black|grey|white", "size": "twin|full|queen|king"},
+        (80, 400),
+    ),
+    "throw pillow covers": (
+        "furniture",
+        "machine washable|hidden zipper|living room|soft velvet|double sided|set of 2",
+        {"color": "beige|navy|mustard yellow|grey|blush pink", "size": "18 x 18 inch|20 x 20 inch|22 x 22 inch"},
+        (8, 30),
+    ),
+    "wireless earbuds": (
+        "electronics",
+        "noise cancelling|bluetooth 5|long battery life|water resistant|fast charging|touch control",
+        {"color": "black|white|blue"},
+        (15, 150),
+    ),
+    "phone case": (
+        "electronics",
+        "shockproof|wireless charging compatible|slim fit|drop protection|kickstand|clear back",
+        {"color": "black|clear|navy|red|pink", "model": "iphone 13|iphone 14|galaxy s22|galaxy s23|pixel 7"},
+        (5, 30),
+    ),
+    "hdmi cable": (
+        "electronics",
+        "high speed|4k|gold plated|braided|ethernet|long cable",
+        {"size": "3 feet|6 feet|10 feet|15 feet"},
+        (5, 25),
+    ),
+    "power bank": (
+        "electronics",
+        "fast charging|usb c|portable|high capacity|led display|wireless charging",
+        {"color": "black|white|blue", "size": "10000mah|20000mah|26800mah"},
+        (15, 70),
+    ),
+    "bluetooth speaker": (
+        "electronics",
+        "waterproof|portable|long battery life|bass boost|bluetooth 5|built in microphone",
+        {"color": "black|blue|red|camo"},
+        (20, 150),
+    ),
 }
 PRODUCT_TYPES: tuple[str, ...] = tuple(_TYPE_TABLE)
 assert {row[0] for row in _TYPE_TABLE.values()} == set(CATEGORIES), "every category needs product types"
 
-_BRANDS = ("Lumora", "Vexon", "Kestrel", "Orlo", "Brightfield", "Northpeak", "Solvie", "Tamber",
-           "Quill and Co", "Maplewood", "Zentro", "Halcyon", "Rivo", "Ember Lane", "Coastline",
-           "Pinecrest", "Nuvola", "Arden", "Foxglove", "Ironbark")
+_BRANDS = (
+    "Lumora",
+    "Vexon",
+    "Kestrel",
+    "Orlo",
+    "Brightfield",
+    "Northpeak",
+    "Solvie",
+    "Tamber",
+    "Quill and Co",
+    "Maplewood",
+    "Zentro",
+    "Halcyon",
+    "Rivo",
+    "Ember Lane",
+    "Coastline",
+    "Pinecrest",
+    "Nuvola",
+    "Arden",
+    "Foxglove",
+    "Ironbark",
+)
 _TITLE_SUFFIX = {
     "beauty": ("", "for Women", "for Men", "Salon Quality"),
     "food": ("", "Snack Pack", "Family Size", "Gourmet"),
@@ -113,11 +236,13 @@ _DESCRIPTION_TAIL = {
     "electronics": ("Works with most modern devices.", "Backed by friendly customer support."),
 }
 _BULLETS = ("{a} for everyday use", "{a} you can count on", "{a} with a quality guarantee")
-_GENERIC_BULLETS = ("Satisfaction guaranteed or your money back", "Ships in recyclable packaging",
-                    "Loved by thousands of customers")
+_GENERIC_BULLETS = (
+    "Satisfaction guaranteed or your money back",
+    "Ships in recyclable packaging",
+    "Loved by thousands of customers",
+)
 #: Goal price limits: the smallest bucket above the target's price (or the one after).
-PRICE_BUCKETS = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 120, 140, 160, 180, 200, 250, 300,
-                 350, 400, 450, 500)
+PRICE_BUCKETS = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 120, 140, 160, 180, 200, 250, 300, 350, 400, 450, 500)
 # Product -> split by a hash of its asin: hash % 10 == 0 test, == 1 valid, else train.
 _SPLIT_OF_BUCKET = {0: "test", 1: "valid"}
 _STOPWORDS = frozenset("a an and for i in of or the to with need".split())
@@ -191,15 +316,17 @@ def _make_product(rng: random.Random, asin: str, product_type: str) -> Product:
         options.append((name, tuple(v for v in values if v in offered)))
     brand = rng.choice(_BRANDS)
     in_title = rng.sample(attributes, rng.randint(1, 2))
-    title = " ".join([brand, *(a.title() for a in in_title), product_type.title(),
-                      rng.choice(_TITLE_SUFFIX[category])]).strip()
-    description = (f"This {product_type} from {brand} is {_and_list(list(attributes))}. "
-                   f"{rng.choice(_DESCRIPTION_TAIL[category])}")
+    title = " ".join(
+        [brand, *(a.title() for a in in_title), product_type.title(), rng.choice(_TITLE_SUFFIX[category])]
+    ).strip()
+    description = (
+        f"This {product_type} from {brand} is {_and_list(list(attributes))}. {rng.choice(_DESCRIPTION_TAIL[category])}"
+    )
     features = tuple(rng.choice(_BULLETS).format(a=a.capitalize()) for a in attributes) + (
-        rng.choice(_GENERIC_BULLETS),)
+        rng.choice(_GENERIC_BULLETS),
+    )
     price = round(rng.uniform(low, high), 2)
-    return Product(asin, product_type, category, title, attributes, tuple(options), price,
-                   description, features)
+    return Product(asin, product_type, category, title, attributes, tuple(options), price, description, features)
 
 
 class Catalog:
@@ -277,36 +404,50 @@ def purchase_reward(goal: ShopGoal, product: Product, selected: Mapping[str, str
 def _offers(product: Product, product_type: str, attributes, options) -> bool:
     """Whether `product` is of `product_type`, has `attributes` and offers the (name, value) `options`."""
     offered = {(n, v) for n, values in product.options for v in values}
-    return (product.product_type == product_type and set(attributes) <= set(product.attributes)
-            and set(options) <= offered)
+    return (
+        product.product_type == product_type and set(attributes) <= set(product.attributes) and set(options) <= offered
+    )
 
 
 def is_perfect(goal: ShopGoal, product: Product) -> bool:
     """Whether buying `product` with the right options earns reward 1."""
-    return (_offers(product, goal.product_type, goal.attributes, goal.options)
-            and product.price <= goal.price_upper)
+    return _offers(product, goal.product_type, goal.attributes, goal.options) and product.price <= goal.price_upper
 
 
 # -- goals -------------------------------------------------------------------------------------
 
 
-def _render_goal(product: Product, attributes: list[str], options: list[tuple[str, str]],
-                 price_upper: float) -> ShopGoal:
+def _render_goal(
+    product: Product, attributes: list[str], options: list[tuple[str, str]], price_upper: float
+) -> ShopGoal:
     option_text = " and ".join(f"{v} {n}" for n, v in options)
     article = "an" if attributes[0][0] in "aeiou" else "a"
-    instruction = (f"i need {article} {_and_list(attributes)} {product.product_type} in {option_text}, "
-                   f"price lower than {price_upper:.2f} dollars")
+    instruction = (
+        f"i need {article} {_and_list(attributes)} {product.product_type} in {option_text}, "
+        f"price lower than {price_upper:.2f} dollars"
+    )
     values = [v for _, v in options]
-    queries = (" ".join([*attributes, product.product_type, *values]),
-               " ".join([*attributes, product.product_type]),
-               " ".join([product.product_type, *values]),
-               product.product_type)
-    return ShopGoal(instruction, product.product_type, product.category, tuple(attributes),
-                    tuple(options), float(price_upper), product.asin, tuple(dict.fromkeys(queries)))
+    queries = (
+        " ".join([*attributes, product.product_type, *values]),
+        " ".join([*attributes, product.product_type]),
+        " ".join([product.product_type, *values]),
+        product.product_type,
+    )
+    return ShopGoal(
+        instruction,
+        product.product_type,
+        product.category,
+        tuple(attributes),
+        tuple(options),
+        float(price_upper),
+        product.asin,
+        tuple(dict.fromkeys(queries)),
+    )
 
 
-def generate_goal(catalog: Catalog, seed: int, split: str, task_id: int, num_results: int,
-                  results_per_page: int, max_steps: int) -> ShopGoal:
+def generate_goal(
+    catalog: Catalog, seed: int, split: str, task_id: int, num_results: int, results_per_page: int, max_steps: int
+) -> ShopGoal:
     """Build the goal `(seed, split, task_id)`; pure and stable across Python runs.
 
     Draws a target product of `split` (products are split by a hash of their asin), 1-3 of its
@@ -320,8 +461,9 @@ def generate_goal(catalog: Catalog, seed: int, split: str, task_id: int, num_res
     rng = _rng("shop", seed, split, task_id)
     pool = [i for i, s in enumerate(catalog.split_of) if s == split]
     if not pool:
-        raise ValueError(f"the catalog of {len(catalog.products)} products has no {split} products; "
-                         "use more num_products")
+        raise ValueError(
+            f"the catalog of {len(catalog.products)} products has no {split} products; use more num_products"
+        )
     for _ in range(10000):
         product = catalog.products[rng.choice(pool)]
         picked = set(rng.sample(product.attributes, rng.randint(1, min(3, len(product.attributes)))))
@@ -389,11 +531,15 @@ class Shop(TextEnv):
         render_mode: str | None = None,
     ) -> None:
         super().__init__(render_mode=render_mode)
-        for name, value, low in (("num_products", num_products, 50), ("num_results", num_results, 1),
-                                 ("results_per_page", results_per_page, 1), ("max_steps", max_steps, 5),
-                                 ("num_train_tasks", num_train_tasks, 1),
-                                 ("num_valid_tasks", num_valid_tasks, 1),
-                                 ("num_test_tasks", num_test_tasks, 1)):
+        for name, value, low in (
+            ("num_products", num_products, 50),
+            ("num_results", num_results, 1),
+            ("results_per_page", results_per_page, 1),
+            ("max_steps", max_steps, 5),
+            ("num_train_tasks", num_train_tasks, 1),
+            ("num_valid_tasks", num_valid_tasks, 1),
+            ("num_test_tasks", num_test_tasks, 1),
+        ):
             if int(value) < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
         if float(reward_scale) <= 0:
@@ -404,8 +550,7 @@ class Shop(TextEnv):
         self.max_steps = int(max_steps)
         self.reward_scale = float(reward_scale)
         self.seed = int(seed)
-        self._num_tasks = {"train": int(num_train_tasks), "valid": int(num_valid_tasks),
-                           "test": int(num_test_tasks)}
+        self._num_tasks = {"train": int(num_train_tasks), "valid": int(num_valid_tasks), "test": int(num_test_tasks)}
         self.catalog = get_catalog(self.seed, self.num_products)
         # A fresh env holds train task 0 as a finished episode: step() before reset() is invalid.
         self._load("train", 0)
@@ -420,8 +565,9 @@ class Shop(TextEnv):
         """The goal `(split, task_id)` under this env's settings (does not change the state)."""
         split = self.check_split(split)
         task_id = self.check_task_id(split, task_id)
-        return generate_goal(self.catalog, self.seed, split, task_id, self.num_results,
-                             self.results_per_page, self.max_steps)
+        return generate_goal(
+            self.catalog, self.seed, split, task_id, self.num_results, self.results_per_page, self.max_steps
+        )
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """Start task `options["task_id"]` of `options["split"]` (default "train") on the search page.
@@ -464,8 +610,7 @@ class Shop(TextEnv):
         self._done = terminated or self._truncated
         self._admissible = {} if self._done else self._compute_admissible()
         if terminated:
-            observation = (f"Thank you for shopping with us! [SEP] Your score (min 0.0, max 1.0) "
-                           f"[SEP] {self._score:.2f}")
+            observation = f"Thank you for shopping with us! [SEP] Your score (min 0.0, max 1.0) [SEP] {self._score:.2f}"
         else:
             observation = self._render()
         return self._observe(observation), reward, terminated, self._truncated, self._info(False)
@@ -477,7 +622,6 @@ class Shop(TextEnv):
 
     def _terminated(self) -> bool:
         return self._bought is not None
-
 
     def _info(self, invalid: bool) -> dict[str, Any]:
         return {
@@ -513,7 +657,7 @@ class Shop(TextEnv):
 
     def _page_results(self) -> tuple[int, ...]:
         start = (self._page.page - 1) * self.results_per_page
-        return self._results(self._page.query)[start:start + self.results_per_page]
+        return self._results(self._page.query)[start : start + self.results_per_page]
 
     def _compute_admissible(self) -> dict[str, tuple]:
         """Normalised action -> command, in the order the page shows the clickables."""
@@ -562,8 +706,14 @@ class Shop(TextEnv):
             for name, values in product.options:
                 parts.append(name)
                 parts += [f"{v} (selected)" if self._selected.get(name) == v else v for v in values]
-            parts += [product.title, f"Price: ${product.price:.2f}", "Rating: N.A.", "Description",
-                      "Features", "Buy Now"]
+            parts += [
+                product.title,
+                f"Price: ${product.price:.2f}",
+                "Rating: N.A.",
+                "Description",
+                "Features",
+                "Buy Now",
+            ]
         elif page.kind == "description":
             parts.append(product.description)
         else:
@@ -606,22 +756,29 @@ class Shop(TextEnv):
         and their ranks, and what buying the viewed product now would score."""
         goal, products = self._task, self.catalog.products
         target = products[self.catalog.index_of[goal.target]]
-        lines = [f"Task: {goal.instruction}",
-                 f"Goal: type {goal.product_type}; attributes {', '.join(goal.attributes)}; "
-                 f"options {', '.join(f'{n} {v}' for n, v in goal.options)}; price <= {goal.price_upper:.2f}",
-                 f"Target {target.asin}: {target.title}; attributes {', '.join(target.attributes)}; "
-                 f"price {target.price:.2f}",
-                 f"Page: {self._page.kind}" + (f"; query {self._page.query}; page {self._page.page}"
-                                               if self._page.kind != "search" else "")]
+        lines = [
+            f"Task: {goal.instruction}",
+            f"Goal: type {goal.product_type}; attributes {', '.join(goal.attributes)}; "
+            f"options {', '.join(f'{n} {v}' for n, v in goal.options)}; price <= {goal.price_upper:.2f}",
+            f"Target {target.asin}: {target.title}; attributes {', '.join(target.attributes)}; "
+            f"price {target.price:.2f}",
+            f"Page: {self._page.kind}"
+            + (f"; query {self._page.query}; page {self._page.page}" if self._page.kind != "search" else ""),
+        ]
         if self._page.kind != "search":
-            ranks = [f"{products[i].asin} (rank {r + 1})" for r, i in enumerate(self._results(self._page.query))
-                     if is_perfect(goal, products[i])]
+            ranks = [
+                f"{products[i].asin} (rank {r + 1})"
+                for r, i in enumerate(self._results(self._page.query))
+                if is_perfect(goal, products[i])
+            ]
             lines.append(f"Matching products in these results: {', '.join(ranks) or 'none'}")
         if self._page.kind in ("item", "description", "features"):
             viewed = products[self._page.product]
-            lines.append(f"Viewing {viewed.asin}: type {viewed.product_type}; attributes "
-                         f"{', '.join(viewed.attributes)}; selected {self._selected_text() or 'nothing'}; "
-                         f"reward if bought now {purchase_reward(goal, viewed, self._selected):.2f}")
+            lines.append(
+                f"Viewing {viewed.asin}: type {viewed.product_type}; attributes "
+                f"{', '.join(viewed.attributes)}; selected {self._selected_text() or 'nothing'}; "
+                f"reward if bought now {purchase_reward(goal, viewed, self._selected):.2f}"
+            )
         return "\n".join(lines)
 
     # -- expert ---------------------------------------------------------------------------------
@@ -658,12 +815,14 @@ class Shop(TextEnv):
         Holds both `WORD_PATTERN` words and whitespace-separated chunks ("click[b0abc12345]",
         "search[gluten"), so a word-level tokenizer splitting either way covers the env.
         """
-        texts = ["WebShop Instruction: Search Back to Search < Prev Next > Price: Rating: N.A. "
-                 "Description Features Buy Now (selected) Page (Total results: [SEP]",
-                 "Thank you for shopping with us! Your score (min 0.0, max 1.0)",
-                 NOTHING_HAPPENS, "i need a an in and, price lower than dollars",
-                 "click[back to search] click[< prev] click[next >] click[description] "
-                 "click[features] click[buy now]"]
+        texts = [
+            "WebShop Instruction: Search Back to Search < Prev Next > Price: Rating: N.A. "
+            "Description Features Buy Now (selected) Page (Total results: [SEP]",
+            "Thank you for shopping with us! Your score (min 0.0, max 1.0)",
+            NOTHING_HAPPENS,
+            "i need a an in and, price lower than dollars",
+            "click[back to search] click[< prev] click[next >] click[description] click[features] click[buy now]",
+        ]
         texts += [f"{s / 100:.2f}" for s in range(0, 101)]  # scores
         texts += [str(n) for n in range(self.num_results + 1)]
         texts += [f"{n})" for n in range(self.num_results + 1)]
@@ -673,8 +832,13 @@ class Shop(TextEnv):
         for product_type, (_, attribute_text, option_table, _) in _TYPE_TABLE.items():
             phrases = [product_type, *attribute_text.split("|")]
             values = [v for vs in option_table.values() for v in vs.split("|")]
-            texts += [*option_table, *(f"{n}," for n in option_table), *phrases, *values,
-                      *(f"click[{v}]" for v in values)]
+            texts += [
+                *option_table,
+                *(f"{n}," for n in option_table),
+                *phrases,
+                *values,
+                *(f"click[{v}]" for v in values),
+            ]
             for phrase in phrases + values:  # the first and last chunk of any search candidate
                 texts += [f"search[{phrase}", f"{phrase}]", f"search[{phrase}]", f"{phrase},"]
         words: set[str] = set()

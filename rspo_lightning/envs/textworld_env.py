@@ -26,8 +26,9 @@ import contextlib
 import hashlib
 import re
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from rspo_lightning.envs.base import TextEnv, normalize_action
 
@@ -47,8 +48,11 @@ def clean_feedback(text: str) -> str:
     """The engine's feedback as a player reads it: banner, status line and end prompt removed,
     runs of blank lines collapsed to one, surrounding whitespace stripped."""
     text = _STATUS_LINE.sub("", text).replace(_END_PROMPT, "")
-    lines = [line.rstrip() for line in text.split("\n")
-             if not (line.strip() and set(line) <= _BANNER_CHARS and set(line) & set("$_|"))]
+    lines = [
+        line.rstrip()
+        for line in text.split("\n")
+        if not (line.strip() and set(line) <= _BANNER_CHARS and set(line) & set("$_|"))
+    ]
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
 
 
@@ -79,7 +83,8 @@ def _import_textworld():
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
         raise ImportError(
             "rspo/TextWorld-v0 needs the textworld package: pip install 'rspo_lightning[textworld]' "
-            "(or pip install textworld)") from exc
+            "(or pip install textworld)"
+        ) from exc
     return textworld
 
 
@@ -130,8 +135,15 @@ class TextWorld(TextEnv):
         self.max_loaded_games = int(max_loaded_games)
         textworld = _import_textworld()
         self._request = textworld.EnvInfos(
-            admissible_commands=True, score=True, max_score=True, won=True, lost=True,
-            objective=True, facts=True, policy_commands=True)
+            admissible_commands=True,
+            score=True,
+            max_score=True,
+            won=True,
+            lost=True,
+            objective=True,
+            facts=True,
+            policy_commands=True,
+        )
         self._engines: collections.OrderedDict[str, Any] = collections.OrderedDict()
         # Before the first reset the env holds a finished, empty episode: step() answers
         # "Nothing happens." instead of raising.
@@ -231,12 +243,20 @@ class TextWorld(TextEnv):
     def _terminated(self) -> bool:
         return self._won or self._lost
 
-
     def _info(self, invalid: bool) -> dict[str, Any]:
         state = self._state
         if state is None:  # before the first reset
-            return {"task": "", "task_type": self._task_type, "admissible_actions": [], "anchor": "",
-                    "privileged": None, "won": False, "score": 0.0, "progress": 0.0, "invalid": invalid}
+            return {
+                "task": "",
+                "task_type": self._task_type,
+                "admissible_actions": [],
+                "anchor": "",
+                "privileged": None,
+                "won": False,
+                "score": 0.0,
+                "progress": 0.0,
+                "invalid": invalid,
+            }
         max_score = state["max_score"] or 0
         fraction = 1.0 if self._won else (min(1.0, max(0.0, state["score"] / max_score)) if max_score > 0 else 0.0)
         return {
@@ -266,8 +286,12 @@ class TextWorld(TextEnv):
 def _check_game_file(path: str) -> None:
     game = Path(path)
     if not game.is_file():
-        raise ValueError(f"TextWorld game {path!r} does not exist; make one with e.g. "
-                         f"`tw-make custom --world-size 2 --quest-length 2 --seed 1 --output {path}`")
+        raise ValueError(
+            f"TextWorld game {path!r} does not exist; make one with e.g. "
+            f"`tw-make custom --world-size 2 --quest-length 2 --seed 1 --output {path}`"
+        )
     if game.suffix in (".z8", ".ulx") and not game.with_suffix(".json").is_file():
-        raise ValueError(f"TextWorld game {path!r} has no {game.with_suffix('.json').name} beside it; the "
-                         "adapter needs the game logic tw-make writes there (admissible commands, facts, score)")
+        raise ValueError(
+            f"TextWorld game {path!r} has no {game.with_suffix('.json').name} beside it; the "
+            "adapter needs the game logic tw-make writes there (admissible commands, facts, score)"
+        )

@@ -79,8 +79,12 @@ def make_text_env(num_products: int | None, human_goals: bool, file_path: str | 
     same data setting (building one loads every product and the search index)."""
     WebAgentTextEnv = _import_text_env()
     key = (num_products, bool(human_goals), file_path)
-    kwargs: dict[str, Any] = {"observation_mode": "text", "num_products": num_products,
-                              "human_goals": bool(human_goals), "session_prefix": session_prefix}
+    kwargs: dict[str, Any] = {
+        "observation_mode": "text",
+        "num_products": num_products,
+        "human_goals": bool(human_goals),
+        "session_prefix": session_prefix,
+    }
     if file_path is not None:
         kwargs["file_path"] = file_path
     env = WebAgentTextEnv(server=_SERVERS.get(key), **kwargs)
@@ -128,7 +132,9 @@ class WebShop(TextEnv):
         if float(reward_scale) <= 0:
             raise ValueError(f"reward_scale must be > 0, got {reward_scale}")
         if int(num_test_goals) < 0 or int(num_valid_goals) < 0:
-            raise ValueError(f"num_test_goals and num_valid_goals must be >= 0, got {num_test_goals} and {num_valid_goals}")
+            raise ValueError(
+                f"num_test_goals and num_valid_goals must be >= 0, got {num_test_goals} and {num_valid_goals}"
+            )
         self.max_steps = int(max_steps)
         self.reward_scale = float(reward_scale)
         if text_env is None:
@@ -140,8 +146,11 @@ class WebShop(TextEnv):
         num_goals = len(text_env.server.goals)
         test_end = min(int(num_test_goals), num_goals)
         valid_end = min(test_end + int(num_valid_goals), num_goals)
-        self._ranges = {"test": range(0, test_end), "valid": range(test_end, valid_end),
-                        "train": range(valid_end, num_goals)}
+        self._ranges = {
+            "test": range(0, test_end),
+            "valid": range(test_end, valid_end),
+            "train": range(valid_end, num_goals),
+        }
         # Before the first reset the env holds a finished episode: step() answers "Nothing happens.".
         self._split, self._task_id, self._goal_idx = "train", None, None
         self._task = ""
@@ -163,7 +172,8 @@ class WebShop(TextEnv):
                 f"split {split!r} has no goals: WebShop has {len(self.text_env.server.goals)} goals, "
                 f"test = goals {_span(self._ranges['test'])}, valid = {_span(self._ranges['valid'])}, "
                 f"train = {_span(self._ranges['train'])}; lower num_test_goals / num_valid_goals, or use "
-                f"the full data (num_products=None)")
+                f"the full data (num_products=None)"
+            )
         return self._ranges[split][self.check_task_id(split, task_id)]
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -179,7 +189,9 @@ class WebShop(TextEnv):
             del sessions[old]
         observation, _ = self.text_env.reset(session=int(goal_idx))
         self._split, self._task_id, self._goal_idx = split, int(task_id), int(goal_idx)
-        self._task = re.sub(r"^\s*instruction:\s*", "", str(self.text_env.instruction_text), flags=re.IGNORECASE).strip()
+        self._task = re.sub(
+            r"^\s*instruction:\s*", "", str(self.text_env.instruction_text), flags=re.IGNORECASE
+        ).strip()
         self._steps, self._reward, self._won, self._truncated, self._done = 0, 0.0, False, False, False
         self._bought = False
         self._update_admissible()
@@ -282,12 +294,12 @@ class WebShop(TextEnv):
         """The simulated browser's URL path after the base URL and the session id."""
         url = str(self.text_env.browser.current_url or "")
         base = str(getattr(self.text_env, "base_url", ""))
-        parts = (url[len(base):] if base and url.startswith(base) else url).strip("/").split("/")
+        parts = (url[len(base) :] if base and url.startswith(base) else url).strip("/").split("/")
         session = str(self.text_env.session)
         return [p for i, p in enumerate(parts) if not (i <= 1 and p == session)]
 
     def _page_kind(self) -> str:
-        """"search", "search_results", "item_page", "item_sub_page" or "done" (the URL's first
+        """ "search", "search_results", "item_page", "item_sub_page" or "done" (the URL's first
         segment; WebShop's own get_page_name searches the whole URL, keywords included)."""
         path = self._url_path()
         return path[0] if path and path[0] in PAGE_DEPTH else "search"
@@ -302,19 +314,30 @@ class WebShop(TextEnv):
 
     def _privileged(self) -> str:
         goal, session = self._goal(), self._session()
-        lines = [f"Task: {self._task}",
-                 f"Goal product: {goal.get('asin', '?')} ({goal.get('name', '?')}); attributes "
-                 f"{', '.join(goal.get('attributes', []))}; options {', '.join(_goal_option_values(goal)) or 'none'}; "
-                 f"price <= {goal.get('price_upper', '?')}",
-                 f"Page: {self._page_kind()}; query {' '.join(session.get('keywords') or []) or '-'}; "
-                 f"results page {session.get('page') or '-'}; viewing {session.get('asin') or '-'}; "
-                 f"selected {json.dumps(session.get('options') or {}, sort_keys=True)}"]
+        lines = [
+            f"Task: {self._task}",
+            f"Goal product: {goal.get('asin', '?')} ({goal.get('name', '?')}); attributes "
+            f"{', '.join(goal.get('attributes', []))}; options {', '.join(_goal_option_values(goal)) or 'none'}; "
+            f"price <= {goal.get('price_upper', '?')}",
+            f"Page: {self._page_kind()}; query {' '.join(session.get('keywords') or []) or '-'}; "
+            f"results page {session.get('page') or '-'}; viewing {session.get('asin') or '-'}; "
+            f"selected {json.dumps(session.get('options') or {}, sort_keys=True)}",
+        ]
         return "\n".join(lines)
 
     def _info(self, invalid: bool) -> dict[str, Any]:
         if self._goal_idx is None:  # before the first reset
-            return {"task": "", "task_type": "", "admissible_actions": [], "anchor": "", "privileged": None,
-                    "won": False, "score": 0.0, "progress": 0.0, "invalid": invalid}
+            return {
+                "task": "",
+                "task_type": "",
+                "admissible_actions": [],
+                "anchor": "",
+                "privileged": None,
+                "won": False,
+                "score": 0.0,
+                "progress": 0.0,
+                "invalid": invalid,
+            }
         return {
             "task": self._task,
             "task_type": str(self._goal().get("category", "")),

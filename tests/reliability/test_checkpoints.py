@@ -4,7 +4,6 @@ TensorBoard points, and step knobs that would not mean RL iterations refused."""
 
 import errno
 import glob
-import json
 import os
 import signal
 import subprocess
@@ -60,7 +59,9 @@ def test_a_failed_write_leaves_the_previous_checkpoint_loadable_and_no_truncated
     with pytest.raises(expected) as info:
         io.save_checkpoint(_ckpt(2), path)
     if fault == "enospc":
-        assert "no space left" in str(info.value) and path in str(info.value) and "previous checkpoint" in str(info.value)
+        assert (
+            "no space left" in str(info.value) and path in str(info.value) and "previous checkpoint" in str(info.value)
+        )
     monkeypatch.setattr(checkpointing.torch, "save", real_save)
     assert sorted(os.listdir(tmp_path)) == ["last.ckpt", "last.ckpt.sha256"]
     assert torch.equal(load_checkpoint_file(path)["state_dict"]["w"], torch.ones(4))
@@ -78,11 +79,19 @@ def _corrupt(path, how):
         open(path, "wb").close()
     elif how == "flipped":
         middle = len(data) // 2
-        open(path, "wb").write(data[:middle] + bytes([data[middle] ^ 0x01]) + data[middle + 1:])
+        open(path, "wb").write(data[:middle] + bytes([data[middle] ^ 0x01]) + data[middle + 1 :])
 
 
-@pytest.mark.parametrize("how, what", [("truncated", "checksum"), ("random", "checksum"), ("text", "checksum"),
-                                       ("empty", "empty"), ("flipped", "checksum")])
+@pytest.mark.parametrize(
+    "how, what",
+    [
+        ("truncated", "checksum"),
+        ("random", "checksum"),
+        ("text", "checksum"),
+        ("empty", "empty"),
+        ("flipped", "checksum"),
+    ],
+)
 def test_a_corrupt_checkpoint_fails_naming_the_file_and_the_fix(tmp_path, how, what):
     io = AtomicCheckpointIO()
     io.save_checkpoint(_ckpt(1), str(tmp_path / "iteration=3.ckpt"))
@@ -103,17 +112,44 @@ def test_a_corrupt_checkpoint_fails_naming_the_file_and_the_fix(tmp_path, how, w
 
 # -- SIGKILL, then the README's resume command, with a shipped config ----------------------------
 
-ARGS = ["--config", os.path.join(ROOT, "configs", "compare", "grpo_rspo.yaml"),
-        "--trainer.max_epochs", "2", "--data.iterations_per_epoch", "3", "--trainer.callbacks.k", "1",
-        "--data.groups_per_iteration", "2", "--data.group_size", "2", "--data.num_val_tasks", "2",
-        "--model.policy.tiny.hidden_size", "32", "--model.policy.tiny.intermediate_size", "64",
-        "--trainer.enable_progress_bar", "false"]
+ARGS = [
+    "--config",
+    os.path.join(ROOT, "configs", "compare", "grpo_rspo.yaml"),
+    "--trainer.max_epochs",
+    "2",
+    "--data.iterations_per_epoch",
+    "3",
+    "--trainer.callbacks.k",
+    "1",
+    "--data.groups_per_iteration",
+    "2",
+    "--data.group_size",
+    "2",
+    "--data.num_val_tasks",
+    "2",
+    "--model.policy.tiny.hidden_size",
+    "32",
+    "--model.policy.tiny.intermediate_size",
+    "64",
+    "--trainer.enable_progress_bar",
+    "false",
+]
 
 
 def _fit(cwd, *extra, expect_kill=False):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([ROOT, TESTS, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "rspo_lightning.cli", "fit", *ARGS, *extra], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([ROOT, TESTS, os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "rspo_lightning.cli", "fit", *ARGS, *extra],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if expect_kill:
         assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     else:
@@ -140,14 +176,33 @@ def test_sigkill_mid_epoch_then_ckpt_path_last_reproduces_the_run(tmp_path):
     full, crash = tmp_path / "full", tmp_path / "crash"
     full.mkdir(), crash.mkdir()
     _fit(full, "--trainer.default_root_dir", str(full / "elsewhere"))  # logs and checkpoints follow default_root_dir
-    assert not (full / "runs").exists() and (full / "elsewhere" / "compare_grpo_rspo" / "checkpoints" / "last.ckpt").exists()
+    assert (
+        not (full / "runs").exists()
+        and (full / "elsewhere" / "compare_grpo_rspo" / "checkpoints" / "last.ckpt").exists()
+    )
     # iterations (k = 1): 0 explore, 1 collect, 2 exploit | 3 explore, 4 collect, 5 exploit; killed as the
     # 6th starts (mid-epoch 2, B active) with a checkpoint every 2 iterations: the last one holds 4
     # iterations done, and the killed run had logged step 5 too (TensorBoard shows the resumed run's)
-    _fit(crash, "--trainer.callbacks+=distributed_helpers.KillAt", "--trainer.callbacks.at=5",
-         "--checkpoint.every_n_iterations=2", expect_kill=True)
-    assert _scalars(crash / "runs" / "compare_grpo_rspo" / "version_0")["rspo/phase"] == {1: 0.0, 2: 1.0, 3: 2.0, 4: 0.0, 5: 1.0}
-    assert torch.load(crash / "runs" / "compare_grpo_rspo" / "checkpoints" / "last.ckpt", weights_only=True)["rspo_iteration"] == 4
+    _fit(
+        crash,
+        "--trainer.callbacks+=distributed_helpers.KillAt",
+        "--trainer.callbacks.at=5",
+        "--checkpoint.every_n_iterations=2",
+        expect_kill=True,
+    )
+    assert _scalars(crash / "runs" / "compare_grpo_rspo" / "version_0")["rspo/phase"] == {
+        1: 0.0,
+        2: 1.0,
+        3: 2.0,
+        4: 0.0,
+        5: 1.0,
+    }
+    assert (
+        torch.load(crash / "runs" / "compare_grpo_rspo" / "checkpoints" / "last.ckpt", weights_only=True)[
+            "rspo_iteration"
+        ]
+        == 4
+    )
     ckpt_dir = crash / "runs" / "compare_grpo_rspo" / "checkpoints"
     assert (ckpt_dir / "last.ckpt").exists() and (ckpt_dir / "last.ckpt.sha256").exists()
     _fit(crash, "--ckpt_path", "last")  # the README's resume command
@@ -196,10 +251,17 @@ def test_step_knobs_that_count_optimizer_steps_are_refused():
     env = EnvConfig(kwargs={"task_types": ["pick_and_place"], "num_receptacles": 3, "max_steps": 3})
 
     def fit(**kw):
-        m = AgentRLModule(policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64)), env=env)
-        pl.Trainer(logger=False, enable_progress_bar=False, **kw).fit(m, AgentDataModule(env=env, val_splits=[], groups_per_iteration=1, group_size=2))
+        m = AgentRLModule(
+            policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64)),
+            env=env,
+        )
+        pl.Trainer(logger=False, enable_progress_bar=False, **kw).fit(
+            m, AgentDataModule(env=env, val_splits=[], groups_per_iteration=1, group_size=2)
+        )
 
-    with pytest.raises(ValueError, match=r"max_steps \(5\) counts optimizer steps.*data.iterations_per_epoch x trainer.max_epochs"):
+    with pytest.raises(
+        ValueError, match=r"max_steps \(5\) counts optimizer steps.*data.iterations_per_epoch x trainer.max_epochs"
+    ):
         fit(max_steps=5)
     with pytest.raises(ValueError, match=r"every_n_train_steps=5.*IterationCheckpoint\(every_n_iterations=N\)"):
         fit(max_epochs=1, callbacks=[pl.callbacks.ModelCheckpoint(every_n_train_steps=5)])

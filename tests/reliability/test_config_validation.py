@@ -13,19 +13,33 @@ ENV = EnvConfig(kwargs={"task_types": ["pick_and_place"], "num_receptacles": 3, 
 
 def test_each_bad_value_names_its_field_and_the_fix(tmp_path):
     cases = [
-        (lambda: AlgorithmConfig(estimator="ppo"), r"algorithm.estimator: unknown estimator 'ppo'; choose one of \['a2tgpo', 'gae'"),
+        (
+            lambda: AlgorithmConfig(estimator="ppo"),
+            r"algorithm.estimator: unknown estimator 'ppo'; choose one of \['a2tgpo', 'gae'",
+        ),
         (lambda: AlgorithmConfig(kl_coef=-0.1), "algorithm.kl_coef must be >= 0.*use 0 to disable"),
-        (lambda: AlgorithmConfig(minibatch_size=64, micro_batch_size=24), r"minibatch_size \(64\) must be a multiple of .*micro_batch_size \(24\).*micro_batch_size: 16"),
+        (
+            lambda: AlgorithmConfig(minibatch_size=64, micro_batch_size=24),
+            r"minibatch_size \(64\) must be a multiple of .*micro_batch_size \(24\).*micro_batch_size: 16",
+        ),
         (lambda: RSPOLoop(k=0), "RSPOLoop k must be >= 1"),
         (lambda: RSPOLoop(offline_ratio=1.0), r"offline_ratio must be in \[0, 1\), got 1.0; the paper uses 0.125"),
         (lambda: RSPOLoop(offline_ratio=-0.1), r"offline_ratio must be in \[0, 1\)"),
-        (lambda: AgentDataModule(env=EnvConfig(env_id="rspo/Nope-v0")), r"unknown env id 'rspo/Nope-v0'; registered rspo envs: \[.*'rspo/Household-v0'"),
-        (lambda: AgentRLModule(env=ENV, algorithm=AlgorithmConfig(estimator="a2tgpo")), "model.dense_reward.*EnvProgressReward"),
+        (
+            lambda: AgentDataModule(env=EnvConfig(env_id="rspo/Nope-v0")),
+            r"unknown env id 'rspo/Nope-v0'; registered rspo envs: \[.*'rspo/Household-v0'",
+        ),
+        (
+            lambda: AgentRLModule(env=ENV, algorithm=AlgorithmConfig(estimator="a2tgpo")),
+            "model.dense_reward.*EnvProgressReward",
+        ),
     ]
     for make, match in cases:
         with pytest.raises(ValueError, match=match):
             make()
-    with pytest.raises(FileNotFoundError, match="GGUF file .*missing.gguf.* does not exist. Pass source=<dir> with gguf_file"):
+    with pytest.raises(
+        FileNotFoundError, match="GGUF file .*missing.gguf.* does not exist. Pass source=<dir> with gguf_file"
+    ):
         load_policy(str(tmp_path), gguf_file="missing.gguf")
 
 
@@ -33,8 +47,15 @@ def test_group_size_one_and_missing_dense_source_fail_at_setup():
     import lightning.pytorch as pl
 
     def fit(module, dm, callbacks=()):
-        pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                   enable_model_summary=False, num_sanity_val_steps=0, callbacks=list(callbacks)).fit(module, dm)
+        pl.Trainer(
+            max_epochs=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            callbacks=list(callbacks),
+        ).fit(module, dm)
 
     with pytest.raises(ValueError, match="data.group_size must be >= 2 for the group-relative estimator 'grpo', got 1"):
         fit(AgentRLModule(env=ENV, policy=PolicyConfig()), AgentDataModule(env=ENV, group_size=1, val_splits=[]))

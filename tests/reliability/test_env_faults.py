@@ -14,7 +14,9 @@ INNER = {"task_types": ["pick_and_place"], "num_receptacles": 6, "max_steps": 6}
 
 def _engine(tiny_policy, fault_kwargs, timeout=None):
     model, tok = tiny_policy
-    cfg = RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt="", env_timeout_s=timeout)
+    cfg = RolloutConfig(
+        constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt="", env_timeout_s=timeout
+    )
     kwargs = {"inner_id": "rspo/Household-v0", "inner_kwargs": INNER, **fault_kwargs}
     return RolloutEngine(model, tok, cfg, kwargs)
 
@@ -41,6 +43,7 @@ def test_a_fault_at_step_k_drops_only_that_episode_and_rebuilds_the_env(tiny_pol
     faulted = sum(t.env_error is not None for t in again)
     assert len(again) == 4 and eng.env_errors == len(long) + faulted
     assert sum(pool._local.envs[i] is not before[i] for i in range(4)) == faulted
+
 
 def test_a_hang_past_the_timeout_is_cut(tiny_policy):
     eng = _engine(tiny_policy, {"fault_rate": 0.0, "modes": ["hang"], "fault_at_step": 0, "hang_s": 3.0}, timeout=0.3)
@@ -89,11 +92,28 @@ def test_an_iteration_whose_every_episode_faults_trains_nothing_and_goes_on():
     from rspo_lightning.module import AgentRLModule
     from rspo_lightning.policy import TinyModelConfig
 
-    env = EnvConfig(env_id="rspo/Faulty-v0", kwargs={"inner_id": "rspo/Household-v0", "inner_kwargs": INNER,
-                                                     "fault_rate": 0.0, "modes": ["raise"], "fault_at_step": 0})
-    m = AgentRLModule(policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64)),
-                      env=env, rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt=""))
+    env = EnvConfig(
+        env_id="rspo/Faulty-v0",
+        kwargs={
+            "inner_id": "rspo/Household-v0",
+            "inner_kwargs": INNER,
+            "fault_rate": 0.0,
+            "modes": ["raise"],
+            "fault_at_step": 0,
+        },
+    )
+    m = AgentRLModule(
+        policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64)),
+        env=env,
+        rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt=""),
+    )
     dm = AgentDataModule(env=env, groups_per_iteration=2, group_size=2, iterations_per_epoch=2, val_splits=[])
-    pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-               enable_model_summary=False, num_sanity_val_steps=0).fit(m, dm)
+    pl.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    ).fit(m, dm)
     assert m.iteration == 2 and m.episodes_dropped == 8 and m.engine.env_errors == 8

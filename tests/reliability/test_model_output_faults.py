@@ -44,8 +44,15 @@ def test_invalid_turns_get_the_penalty_in_the_advantage():
     from rspo_lightning.advantages import turn_advantages
 
     def turn(valid):
-        return Turn(prompt_ids=torch.tensor([1, 2]), response_ids=torch.tensor([3]), behaviour_logprobs=torch.tensor([-1.0]),
-                    action="x", valid=valid, observation="o", anchor="s")
+        return Turn(
+            prompt_ids=torch.tensor([1, 2]),
+            response_ids=torch.tensor([3]),
+            behaviour_logprobs=torch.tensor([-1.0]),
+            action="x",
+            valid=valid,
+            observation="o",
+            anchor="s",
+        )
 
     task = TaskSpec("rspo/Household-v0", "train", 0, 0)
     trajs = [Trajectory(task=task, turns=[turn(True), turn(False)]), Trajectory(task=task, turns=[turn(True)])]
@@ -58,8 +65,13 @@ def test_invalid_turns_get_the_penalty_in_the_advantage():
 
 
 @settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(st.text(max_size=300), st.binary(max_size=300).map(lambda b: b.decode("utf-8", errors="replace")),
-                 st.text(max_size=60).map(lambda t: f"<action>{t}</action>")))
+@given(
+    st.one_of(
+        st.text(max_size=300),
+        st.binary(max_size=300).map(lambda b: b.decode("utf-8", errors="replace")),
+        st.text(max_size=60).map(lambda t: f"<action>{t}</action>"),
+    )
+)
 def test_fuzz_parser_then_env_never_raises(text):
     env, info = _env_cached()
     parsed = parse_response(text, info["admissible_actions"])

@@ -15,13 +15,21 @@ TURN = torch.tensor([0, 1] * 6)
 ANCHORS = ["start", "room"] * 6
 
 
-@pytest.mark.parametrize("name,kw", [
-    ("grpo", {}), ("grpo", {"norm": "mean"}), ("rloo", {}),
-    ("gigpo", {"anchors": ANCHORS}), ("gigpo", {"anchors": ANCHORS, "norm": "mean", "episode_stats": "steps"}),
-    ("a2tgpo", {"signals": torch.full((12,), 0.5)}),
-])
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        ("grpo", {}),
+        ("grpo", {"norm": "mean"}),
+        ("rloo", {}),
+        ("gigpo", {"anchors": ANCHORS}),
+        ("gigpo", {"anchors": ANCHORS, "norm": "mean", "episode_stats": "steps"}),
+        ("a2tgpo", {"signals": torch.full((12,), 0.5)}),
+    ],
+)
 def test_all_equal_rewards_give_exact_zeros(name, kw):
-    adv = compute_advantages(name, rewards=REWARDS, traj_index=TRAJ, group_index=GROUP, turn_index=TURN, **kw).advantages
+    adv = compute_advantages(
+        name, rewards=REWARDS, traj_index=TRAJ, group_index=GROUP, turn_index=TURN, **kw
+    ).advantages
     assert torch.isfinite(adv).all() and (adv == 0).all()
 
 
@@ -32,8 +40,17 @@ def test_proxmo_all_equal_rewards_leave_only_the_soft_baseline_leak():
     +0.5/(e^10 + 1) for 'room'; A^E = 0 (equal returns); group 1 (all zero) gives exact zeros."""
     import math
 
-    out = compute_advantages("proxmo", rewards=REWARDS, traj_index=TRAJ, group_index=GROUP, turn_index=TURN,
-                             anchors=ANCHORS, success=torch.tensor([True] * 6 + [False] * 6), tau=0.1, gamma=0.95)
+    out = compute_advantages(
+        "proxmo",
+        rewards=REWARDS,
+        traj_index=TRAJ,
+        group_index=GROUP,
+        turn_index=TURN,
+        anchors=ANCHORS,
+        success=torch.tensor([True] * 6 + [False] * 6),
+        tau=0.1,
+        gamma=0.95,
+    )
     leak = 0.5 / (math.exp(10) + 1)
     expected = torch.tensor([-leak, leak] * 3 + [0.0, 0.0] * 3)
     adv = out.advantages
@@ -45,12 +62,27 @@ def test_a2tgpo_all_equal_signals_leave_the_clip_as_configured():
     """Equal signals in every (group, turn) cell give ghat = 0, so clip_scale = 1 exactly (signal
     mode), and equal returns give A = 0, so 1 / (1 + beta * 0) = 1 too (inverse_advantage)."""
     for mode in ("signal", "inverse_advantage"):
-        out = compute_advantages("a2tgpo", rewards=REWARDS, traj_index=TRAJ, group_index=GROUP, turn_index=TURN,
-                                 signals=torch.full((12,), 0.5), clip_mode=mode)
+        out = compute_advantages(
+            "a2tgpo",
+            rewards=REWARDS,
+            traj_index=TRAJ,
+            group_index=GROUP,
+            turn_index=TURN,
+            signals=torch.full((12,), 0.5),
+            clip_mode=mode,
+        )
         assert (out.clip_scale == 1).all()
 
 
 def test_gae_with_constant_rewards_is_finite():
-    out = compute_advantages("gae", rewards=REWARDS, traj_index=TRAJ, group_index=GROUP, turn_index=TURN,
-                             values=torch.zeros(12), gamma=0.9, lam=0.9)
+    out = compute_advantages(
+        "gae",
+        rewards=REWARDS,
+        traj_index=TRAJ,
+        group_index=GROUP,
+        turn_index=TURN,
+        values=torch.zeros(12),
+        gamma=0.9,
+        lam=0.9,
+    )
     assert torch.isfinite(out.advantages).all() and torch.isfinite(out.returns).all()

@@ -15,8 +15,16 @@ from rspo_lightning.policy import TinyModelConfig
 from rspo_lightning.rewards import EnvProgressReward
 from rspo_lightning.rollout import RolloutConfig
 
-ENV = EnvConfig(kwargs={"task_types": ["pick_and_place"], "num_receptacles": 3, "num_distractors": 0,
-                        "num_object_types": 4, "max_steps": 4, "info_actions": False})
+ENV = EnvConfig(
+    kwargs={
+        "task_types": ["pick_and_place"],
+        "num_receptacles": 3,
+        "num_distractors": 0,
+        "num_object_types": 4,
+        "max_steps": 4,
+        "info_actions": False,
+    }
+)
 
 
 class Crash(pl.Callback):
@@ -35,28 +43,44 @@ class Record(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.rows[pl_module.iteration] = {
             "actions": [t.action for tr in pl_module.last_trajectories for t in tr.turns],
-            "metrics": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "rollout", "rspo/"))},
+            "metrics": {
+                k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "rollout", "rspo/"))
+            },
             "params": [p.detach().clone() for p in pl_module.parameters()],
         }
 
 
 def _run(tmp_path, crash_at=None, resume=False):
     torch.manual_seed(7)
-    module = AgentRLModule(policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64)),
-                           env=ENV, algorithm=AlgorithmConfig(ppo_epochs=1), optim=OptimConfig(lr=5e-3),
-                           rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt=""),
-                           dense_reward=EnvProgressReward())
+    module = AgentRLModule(
+        policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64)),
+        env=ENV,
+        algorithm=AlgorithmConfig(ppo_epochs=1),
+        optim=OptimConfig(lr=5e-3),
+        rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt=""),
+        dense_reward=EnvProgressReward(),
+    )
     record = Record()
     loop = RSPOLoop(k=2, offline_ratio=0.25)  # the default: single trajectories with their collection-time advantage
-    loop.buffer.skip_zero_advantage = False  # the untrained tiny model wins nothing here: replay every stored trajectory
-    callbacks = [loop, record,
-                 IterationCheckpoint(dirpath=str(tmp_path), every_n_iterations=1, save_top_k=0)]
+    loop.buffer.skip_zero_advantage = (
+        False  # the untrained tiny model wins nothing here: replay every stored trajectory
+    )
+    callbacks = [loop, record, IterationCheckpoint(dirpath=str(tmp_path), every_n_iterations=1, save_top_k=0)]
     if crash_at is not None:
         callbacks.append(Crash(crash_at))
-    trainer = pl.Trainer(max_epochs=2, logger=False, num_sanity_val_steps=0, limit_val_batches=0, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=callbacks)
+    trainer = pl.Trainer(
+        max_epochs=2,
+        logger=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
     dm = AgentDataModule(env=ENV, groups_per_iteration=4, group_size=2, iterations_per_epoch=4, val_splits=[])
-    trainer.fit(module, dm, ckpt_path=str(tmp_path / "last.ckpt") if resume else None, weights_only=True if resume else None)
+    trainer.fit(
+        module, dm, ckpt_path=str(tmp_path / "last.ckpt") if resume else None, weights_only=True if resume else None
+    )
     return record.rows
 
 

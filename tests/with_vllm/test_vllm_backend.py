@@ -7,9 +7,9 @@ import os
 
 import pytest
 import torch
-
 from conftest import EASY_ENV
 from rollout_helpers import forward_logprobs
+
 from rspo_lightning.batching import flatten, make_train_batch
 from rspo_lightning.parsing import parse_response
 from rspo_lightning.rollout import RolloutConfig, RolloutEngine
@@ -23,7 +23,7 @@ def _mismatch(model, engine, trajs, temperature):
     batch = make_train_batch(flat, engine.pad_id, torch.zeros(len(flat.turns)))
     lp = forward_logprobs(model, batch, temperature)
     for i, turn in enumerate(flat.turns):  # the stored response is exactly the generated ids, at the row's end
-        assert torch.equal(batch.input_ids[i, -len(turn.response_ids):], turn.response_ids)
+        assert torch.equal(batch.input_ids[i, -len(turn.response_ids) :], turn.response_ids)
     return float((lp - batch.behaviour_logprobs).abs()[batch.response_mask].max())
 
 
@@ -141,7 +141,9 @@ def test_an_engine_in_its_own_process_follows_the_weights(tmp_path):
     here = os.path.dirname(os.path.abspath(__file__))
     script = tmp_path / "own_process.py"
     script.write_text(_OWN_PROCESS)
-    proc = subprocess.run([sys.executable, str(script), here, os.path.dirname(here)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(script), here, os.path.dirname(here)], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["before"] < TOL and result["after"] < TOL, result
@@ -158,7 +160,9 @@ def test_same_seed_same_samples(vllm_engine):
 
 def test_constrained_choices_are_always_admissible(tiny_policy32):
     model, tok = tiny_policy32
-    engine = RolloutEngine(model, tok, RolloutConfig(backend="vllm", constrained_decoding=True, max_new_tokens=12), EASY_ENV)
+    engine = RolloutEngine(
+        model, tok, RolloutConfig(backend="vllm", constrained_decoding=True, max_new_tokens=12), EASY_ENV
+    )
     try:
         torch.manual_seed(0)
         trajs = engine.collect(_tasks(4), 3)
@@ -172,8 +176,6 @@ def test_constrained_choices_are_always_admissible(tiny_policy32):
         assert _mismatch(model, engine, trajs, 1.0) < TOL  # renormalised over the same allowed ids
     finally:
         engine.shutdown()
-
-
 
 
 def test_fit_with_the_vllm_backend_logs_and_trains(tmp_path):
@@ -190,18 +192,44 @@ def test_fit_with_the_vllm_backend_logs_and_trains(tmp_path):
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {"task_types": ["pick_and_place"], "num_receptacles": 6, "max_steps": 4}
-    args = ["fit", "--config", os.path.join(root, "configs", "quickstart.yaml"),
-            "--trainer.max_epochs", "1", "--trainer.num_sanity_val_steps", "0", "--data.iterations_per_epoch", "2",
-            "--data.groups_per_iteration", "4", "--data.group_size", "2", "--data.num_val_tasks", "4",
-            "--data.env.kwargs", json.dumps(env),
-            "--model.rollout.constrained_decoding", "false", "--model.rollout.max_new_tokens", "6",
-            "--model.algorithm.recompute_old_logprobs", "true",
-            "--model.rollout.backend", "vllm", "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")]
-    proc = subprocess.run([sys.executable, "-m", "rspo_lightning.cli", *args], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=900)
+    args = [
+        "fit",
+        "--config",
+        os.path.join(root, "configs", "quickstart.yaml"),
+        "--trainer.max_epochs",
+        "1",
+        "--trainer.num_sanity_val_steps",
+        "0",
+        "--data.iterations_per_epoch",
+        "2",
+        "--data.groups_per_iteration",
+        "4",
+        "--data.group_size",
+        "2",
+        "--data.num_val_tasks",
+        "4",
+        "--data.env.kwargs",
+        json.dumps(env),
+        "--model.rollout.constrained_decoding",
+        "false",
+        "--model.rollout.max_new_tokens",
+        "6",
+        "--model.algorithm.recompute_old_logprobs",
+        "true",
+        "--model.rollout.backend",
+        "vllm",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path / "runs"),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "rspo_lightning.cli", *args], cwd=tmp_path, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    (event_dir,) = {os.path.dirname(p) for p in glob.glob(str(tmp_path / "runs" / "**" / "events.out.tfevents*"), recursive=True)}
+    (event_dir,) = {
+        os.path.dirname(p) for p in glob.glob(str(tmp_path / "runs" / "**" / "events.out.tfevents*"), recursive=True)
+    }
     acc = EventAccumulator(event_dir, size_guidance={"scalars": 0})
     acc.Reload()
     assert [e.step for e in acc.Scalars("rollout/success_rate")] == [1, 2]
@@ -211,11 +239,15 @@ def test_fit_with_the_vllm_backend_logs_and_trains(tmp_path):
     # ~1e-1 off the new weights' forward (test_engine_generates_from_pushed_weights)
     assert len(mismatch) == 2 and max(mismatch) < 1e-3, mismatch
 
-    ckpt = torch.load(glob.glob(str(tmp_path / "runs" / "**" / "last.ckpt"), recursive=True)[0], weights_only=True, map_location="cpu")
+    ckpt = torch.load(
+        glob.glob(str(tmp_path / "runs" / "**" / "last.ckpt"), recursive=True)[0], weights_only=True, map_location="cpu"
+    )
     assert ckpt["rspo_iteration"] == 2
     rollout = ckpt["hyper_parameters"]["rollout"]
     assert (rollout["backend"] if isinstance(rollout, dict) else rollout.backend) == "vllm"
-    tiny = TinyModelConfig(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256)  # as configs/quickstart.yaml
+    tiny = TinyModelConfig(
+        hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256
+    )  # as configs/quickstart.yaml
     fresh = AgentRLModule(policy=PolicyConfig(tiny=tiny), env=EnvConfig(kwargs=env))
     fresh.configure_model()
     initial = fresh.state_dict()
@@ -257,8 +289,14 @@ def test_smollm2_constrained_choices_are_admissible(smollm2, constraint):
     """Both constraints on a byte-level BPE tokenizer: every action admissible, and the
     log-probs renormalised over the trie's ids wherever the sampled path stayed on it."""
     model, tok = smollm2
-    cfg = RolloutConfig(backend="vllm", constrained_decoding=True, max_new_tokens=32, template="compact", system_prompt="",
-                        vllm={"constraint": constraint})
+    cfg = RolloutConfig(
+        backend="vllm",
+        constrained_decoding=True,
+        max_new_tokens=32,
+        template="compact",
+        system_prompt="",
+        vllm={"constraint": constraint},
+    )
     engine = RolloutEngine(model, tok, cfg, SMOL_ENV)
     try:
         torch.manual_seed(0)
