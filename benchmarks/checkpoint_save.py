@@ -24,7 +24,7 @@ from rspo_lightning.checkpointing import AtomicCheckpointIO
 
 def tiny_checkpoint() -> dict:
     """The state of a quickstart-sized run: a 0.36M-parameter policy, Adam moments, a replay buffer's worth of lists."""
-    from rspo_lightning.policy import TinyModelConfig, load_policy
+    from rspo_lightning.language_model import TinyModelConfig, load_policy
 
     model, _ = load_policy(
         "tiny",

@@ -8,7 +8,7 @@ epoch over every turn sample in minibatches of 64. Its wall time (rollout + adva
 is the denominator.
 
 Then every estimator runs on that very batch of turns (the same per-turn tensors
-``training_step`` builds) through ``rspo_lightning.advantages.turn_advantages``, what
+``training_step`` builds) through ``rspo_lightning.credit.turn_advantages``, what
 ``AgentRLModule`` calls (invalid-action penalty included; dense rewards from
 ``EnvProgressReward`` for A²TGPO's signal; GAE's values are random numbers, since the critic's
 forward is not the estimator's cost), ``--repeats`` times each; the median is divided by the
@@ -26,9 +26,10 @@ import time
 import torch
 from scaling import build_module, run_iteration
 
-from rspo_lightning.advantages import ESTIMATORS, turn_advantages
+from rspo_lightning.advantages import ESTIMATORS
 from rspo_lightning.batching import flatten
 from rspo_lightning.config import KNOWN_ESTIMATORS, AlgorithmConfig
+from rspo_lightning.credit import turn_advantages
 from rspo_lightning.rewards import EnvProgressReward, assign_dense_rewards
 
 

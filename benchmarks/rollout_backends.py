@@ -22,7 +22,7 @@ import time
 import torch
 
 from rspo_lightning.envs import make_env
-from rspo_lightning.policy import TinyModelConfig, load_policy
+from rspo_lightning.language_model import TinyModelConfig, load_policy
 from rspo_lightning.prompts import template_texts
 from rspo_lightning.rollout import RolloutConfig, RolloutEngine
 from rspo_lightning.types import TaskSpec

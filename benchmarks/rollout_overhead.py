@@ -29,10 +29,10 @@ import torch
 from rspo_lightning import rollout
 from rspo_lightning.envs import make_env
 from rspo_lightning.envs.pool import EnvPool
-from rspo_lightning.policy import TinyModelConfig, load_policy
-from rspo_lightning.process import freeze_startup_heap
+from rspo_lightning.language_model import TinyModelConfig, load_policy
 from rspo_lightning.prompts import template_texts
 from rspo_lightning.rollout import RolloutConfig, RolloutEngine, TrieConstraint
+from rspo_lightning.runtime import freeze_startup_heap
 from rspo_lightning.types import TaskSpec
 
 ENV = {

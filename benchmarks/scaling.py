@@ -31,8 +31,8 @@ import time
 import torch
 
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
+from rspo_lightning.language_model import TinyModelConfig
 from rspo_lightning.module import AgentRLModule
-from rspo_lightning.policy import TinyModelConfig
 from rspo_lightning.rewards import EnvProgressReward
 from rspo_lightning.rollout import RolloutConfig
 from rspo_lightning.types import IterationBatch, TaskSpec

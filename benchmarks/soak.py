@@ -29,8 +29,8 @@ import torch
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.datamodules import AgentDataModule
 from rspo_lightning.envs.faults import FaultyEnv
+from rspo_lightning.language_model import TinyModelConfig
 from rspo_lightning.module import AgentRLModule
-from rspo_lightning.policy import TinyModelConfig
 from rspo_lightning.rollout import RolloutConfig
 
 INNER = {

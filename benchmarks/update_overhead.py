@@ -26,11 +26,11 @@ import time
 
 import torch
 
-from rspo_lightning import scoring, update
+from rspo_lightning import logprobs, update
 from rspo_lightning.batching import flatten, make_train_batch, positions_from_mask
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
+from rspo_lightning.language_model import TinyModelConfig
 from rspo_lightning.module import AgentRLModule
-from rspo_lightning.policy import TinyModelConfig
 from rspo_lightning.rollout import RolloutConfig
 from rspo_lightning.types import TaskSpec
 
@@ -80,7 +80,7 @@ def main() -> None:
     model = module.policy
     model.train()
     opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-5)
-    dummy = scoring.dummy_batch(module.engine.pad_id)
+    dummy = logprobs.dummy_batch(module.engine.pad_id)
 
     def ours() -> float:
         t0 = time.perf_counter()

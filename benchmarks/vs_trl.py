@@ -72,7 +72,7 @@ def settings(smollm2: bool) -> dict:
 def load_model(smollm2: bool):
     """The policy both sides train: SmolLM2 from its GGUF, or the tiny Llama built from the env's texts."""
     from rspo_lightning.envs import make_env
-    from rspo_lightning.policy import TinyModelConfig, load_policy
+    from rspo_lightning.language_model import TinyModelConfig, load_policy
     from rspo_lightning.prompts import template_texts
 
     s = settings(smollm2)
@@ -110,8 +110,8 @@ def run_ours(args) -> dict:
     import lightning.pytorch as pl
 
     from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
+    from rspo_lightning.language_model import TinyModelConfig
     from rspo_lightning.module import AgentRLModule
-    from rspo_lightning.policy import TinyModelConfig
     from rspo_lightning.rollout import RolloutConfig
 
     s = settings(args.smollm2)

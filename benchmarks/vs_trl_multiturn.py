@@ -145,7 +145,7 @@ def run_trl(args) -> dict:
     from trl.chat_template_utils import qwen2_5_chat_template
 
     from rspo_lightning.envs import make_env
-    from rspo_lightning.policy import load_policy
+    from rspo_lightning.language_model import load_policy
     from rspo_lightning.rollout import ActionTrie, TrieConstraint
 
     model, tok = load_policy("smollm2")

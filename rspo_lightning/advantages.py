@@ -19,9 +19,8 @@ exact); results come back on ``rewards``' device in its floating dtype (the defa
 integer rewards). The paper -> code map and every deviation: docs/algorithms.md.
 
 ``ESTIMATORS`` maps each name to an :class:`Estimator`, its declared contract (extra per-turn
-inputs, group-relative, critic, dense signal); :func:`turn_advantages` is what the training
-module calls on a :class:`~rspo_lightning.batching.FlatTurns` batch (inputs, invalid-action
-penalty, replayed rows' stored advantages).
+inputs, group-relative, critic, dense signal). This module imports no config: the wiring that
+reads ``AlgorithmConfig`` and a ``FlatTurns`` batch is ``rspo_lightning.credit``.
 """
 
 from __future__ import annotations
@@ -29,23 +28,20 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
+import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from rspo_lightning.batching import FlatTurns, flatten
-from rspo_lightning.types import Trajectory
-
-if TYPE_CHECKING:  # config.py imports this module
-    from rspo_lightning.config import AlgorithmConfig
+from rspo_lightning import choices
 
 STD_EPS = 1e-6
-NORMS = ("std", "mean")
-EPISODE_STATS = ("trajectory", "steps")
-CLIP_MODES = ("signal", "inverse_advantage")
+NORMS = choices.values(choices.Norm)
+EPISODE_STATS = choices.values(choices.EpisodeStats)
+ADAPTIVE_CLIPS = choices.values(choices.AdaptiveClip)  # A²TGPO's adaptive_clip (its clip_mode before)
 
 
 class AdvantageResult(NamedTuple):
@@ -520,12 +516,13 @@ def a2tgpo_advantages(
     *,
     signals: Tensor,
     gamma: float = 1.0,
-    clip_mode: str = "signal",
+    adaptive_clip: str = "signal",
     kappa: float = 0.5,
     delta: float = 0.5,
     beta: float = 1.0,
     turn_group_size: int | None = None,
     norm: str = "std",
+    clip_mode: str | None = None,
 ) -> AdvantageResult:
     """A²TGPO (Chen et al., arXiv 2605.06200): turn-group-normalised signals, adaptive clipping.
 
@@ -533,14 +530,23 @@ def a2tgpo_advantages(
     or zero std). A_t = A^E + sum_{k>=t} gamma^{k-t} ghat_k / sqrt(number of terms), A^E as GRPO
     (``norm`` applies to A^E only). ``turn_group_size=m`` stops the sum at the boundaries of
     turn blocks [0..m-1], [m..2m-1], ... ``clip_scale`` is the per-turn multiplier of the
-    configured clip half-widths (``algorithm.clip_eps_low/high``, the paper's epsilon):
-    ``"signal"`` (paper) clamp(1 + kappa ghat_t, 1 - delta, 1 + delta); ``"inverse_advantage"``
+    configured clip half-widths (``algorithm.clip_eps_low/high``, the paper's epsilon), by
+    ``adaptive_clip``: ``"signal"`` (paper) clamp(1 + kappa ghat_t, 1 - delta, 1 + delta); ``"inverse_advantage"``
     (the seed's description) 1 / (1 + beta |A_t|). Deviation: the paper's signal is information
     gain; here it is whatever per-turn signal the caller passes (the turn's dense reward in this
-    package).
+    package). ``clip_mode`` is ``adaptive_clip``'s old name (it meant another thing than
+    ``algorithm.clip_mode``): still accepted, with a deprecation warning.
     """
+    if clip_mode is not None:
+        warnings.warn(
+            "a2tgpo's estimator_kwargs.clip_mode is now adaptive_clip (algorithm.clip_mode is the generalised "
+            f"clip's bounds); using adaptive_clip={clip_mode!r}",
+            FutureWarning,
+            stacklevel=2,
+        )
+        adaptive_clip = clip_mode
     _check_choice("norm", norm, NORMS)
-    _check_choice("clip_mode", clip_mode, CLIP_MODES)
+    _check_choice("adaptive_clip", adaptive_clip, ADAPTIVE_CLIPS)
     _check_unit_interval("gamma", gamma)
     if not 0.0 <= delta < 1.0:
         raise ValueError(f"delta must be in [0, 1) so clip_scale stays positive, got {delta}")
@@ -568,7 +574,7 @@ def a2tgpo_advantages(
     acc = _reverse_scan(ghat, segments, gamma)
     terms = _reverse_scan(torch.ones(n, dtype=torch.float64), segments, 1.0)
     adv = episode + acc / terms.sqrt()
-    if clip_mode == "signal":
+    if adaptive_clip == "signal":
         clip_scale = (1.0 + kappa * ghat).clamp(1.0 - delta, 1.0 + delta)
     else:
         clip_scale = 1.0 / (1.0 + beta * adv.abs())
@@ -579,6 +585,8 @@ def a2tgpo_advantages(
 # Registry: each estimator's declared contract
 # ----------------------------------------------------------------------------------------------
 
+#: Old keyword -> new keyword of an estimator; the old one is still accepted, with a FutureWarning.
+RENAMED_KWARGS = {"clip_mode": "adaptive_clip"}  # A²TGPO's: algorithm.clip_mode is another thing
 #: Per-turn inputs an estimator may declare, beyond rewards and the three indices.
 INPUTS = ("anchors", "success", "values", "signals")
 #: Arguments the caller supplies (step_penalty only to the estimators that take it), never a config knob.
@@ -617,7 +625,7 @@ class Estimator:
     def tunables(self) -> list[str]:
         """Sorted keyword names of ``fn`` a config may set (``algorithm.estimator_kwargs``)."""
         params = inspect.signature(self.fn).parameters
-        return sorted(p for p in params if p not in LAYOUT_ARGS and p not in self.inputs)
+        return sorted(p for p in params if p not in LAYOUT_ARGS and p not in self.inputs and p not in RENAMED_KWARGS)
 
 
 ESTIMATORS: dict[str, Estimator] = {
@@ -630,6 +638,10 @@ ESTIMATORS: dict[str, Estimator] = {
     ),
     "a2tgpo": Estimator(a2tgpo_advantages, ("signals",), group_relative=True, needs_critic=False, needs_dense=True),
 }
+if set(ESTIMATORS) != set(choices.values(choices.Estimator)):  # the config's type lists exactly these
+    raise ImportError(
+        f"choices.Estimator {choices.values(choices.Estimator)} differs from ESTIMATORS {sorted(ESTIMATORS)}"
+    )
 #: Estimators whose baseline comes from the group's other episodes.
 GROUP_RELATIVE = frozenset(name for name, est in ESTIMATORS.items() if est.group_relative)
 
@@ -652,6 +664,8 @@ def check_estimator_kwargs(name: str, kwargs: Mapping[str, Any]) -> None:
     for key in kwargs:
         if key in accepted:
             continue
+        if key in RENAMED_KWARGS and RENAMED_KWARGS[key] in accepted:
+            continue  # the old name: renamed (with a warning) by AlgorithmConfig, or by the estimator itself
         if key in LAYOUT_ARGS or key in est.inputs:
             raise ValueError(
                 f"algorithm.estimator_kwargs: key {key!r} for {name} is supplied by the module from the "
@@ -668,100 +682,3 @@ def compute_advantages(name: str, **kwargs: Any) -> AdvantageResult:
     An unknown ``name`` is a ValueError listing the valid ones.
     """
     return get_estimator(name).fn(**kwargs)
-
-
-# ----------------------------------------------------------------------------------------------
-# From a FlatTurns batch (what AgentRLModule calls)
-# ----------------------------------------------------------------------------------------------
-
-
-# Estimators whose ``penalty_at: reward`` follows verl-agent exactly under step statistics.
-VERL_PLACEMENT = ("grpo", "gigpo")
-
-
-def _estimate(flat: FlatTurns, algo: AlgorithmConfig, values: Tensor | None) -> AdvantageResult:
-    """The estimator over ``flat`` with its declared inputs and ``algo.estimator_kwargs``; with
-    ``penalty_at="reward"`` the invalid-action penalty is taken off the invalid turns' rewards."""
-    est = get_estimator(algo.estimator)
-    if est.needs_critic and values is None:
-        raise ValueError(f"estimator {algo.estimator!r} needs critic values V(s): pass values=[N]")
-    supplied = {"anchors": flat.anchors, "success": flat.success, "values": values, "signals": flat.dense}
-    rewards = flat.rewards
-    extra = {}
-    if algo.penalty_at == "reward":
-        penalty = algo.invalid_action_penalty * flat.invalid.to(rewards.dtype)
-        if algo.estimator in VERL_PLACEMENT and algo.estimator_kwargs.get("episode_stats") == "steps":
-            extra["step_penalty"] = penalty  # verl-agent: off the step sample's own score, not off R(tau)
-        else:
-            rewards = rewards - penalty
-    return est.fn(
-        rewards=rewards,
-        traj_index=flat.traj_index,
-        group_index=flat.group_index,
-        turn_index=flat.turn_index,
-        **{k: supplied[k] for k in est.inputs},
-        **algo.estimator_kwargs,
-        **extra,
-    )
-
-
-def turn_advantages(
-    flat: FlatTurns, algo: AlgorithmConfig, values: Tensor | None = None, credit: str = "trajectory", gamma: float = 0.9
-) -> tuple[AdvantageResult, Tensor]:
-    """Per-turn advantages of ``flat`` under ``algo`` (``values``: V(s) ``[N]``, for a critic).
-
-    In order: (1) with ``algo.penalty_at="reward"``, ``algo.invalid_action_penalty`` is taken off
-    each invalid turn's reward; (2) the estimator runs with its declared inputs (anchors,
-    success, values, signals = ``flat.dense``) and ``algo.estimator_kwargs``; (3) replayed rows
-    whose turn carries a ``replay_advantage`` take that stored value; (4) with
-    ``penalty_at="advantage"`` (default) the penalty is taken off each invalid turn's advantage.
-
-    Returns ``(result, estimator_advantages)``: ``result`` is the estimator's
-    :class:`AdvantageResult` with the final advantages (returns and clip_scale as the estimator
-    gave them), ``estimator_advantages`` the advantages after (3) but before (4), i.e. without an
-    advantage-placed penalty (the module's ``rspo/replay_adv_abs``; equal to
-    ``result.advantages`` under ``penalty_at="reward"``). It is returned rather than recovered
-    by adding the penalty back, which would be wrong under ``penalty_at="reward"``.
-
-    ``credit="turn"`` (RSPO's explorer) replaces (2) by ``turn_return_advantages`` with discount
-    ``gamma`` (the estimator's ``norm`` when it has one).
-    """
-    if not flat.turns:  # a rank with nothing of its own
-        return AdvantageResult(torch.zeros(0)), torch.zeros(0)
-    if credit == "turn":
-        rewards = flat.rewards - (
-            algo.invalid_action_penalty * flat.invalid.to(flat.rewards.dtype) if algo.penalty_at == "reward" else 0
-        )
-        result = turn_return_advantages(
-            rewards, flat.traj_index, flat.group_index, flat.turn_index, gamma, algo.estimator_kwargs.get("norm", "std")
-        )
-    else:
-        result = _estimate(flat, algo, values)
-    advantages = result.advantages
-    if bool(flat.is_replay.any()):
-        stored = [t.replay_advantage for t in flat.turns]
-        has = torch.tensor([a is not None for a in stored], dtype=torch.bool) & flat.is_replay.cpu()
-        if bool(has.any()):
-            value = torch.tensor([0.0 if a is None else a for a in stored], dtype=advantages.dtype)
-            advantages = torch.where(has.to(advantages.device), value.to(advantages.device), advantages)
-    estimator_advantages = advantages
-    if algo.penalty_at == "advantage":
-        advantages = advantages - algo.invalid_action_penalty * flat.invalid.to(advantages.device, advantages.dtype)
-    return result._replace(advantages=advantages), estimator_advantages
-
-
-def outcome_advantages(trajectories: Sequence[Trajectory], algo: AlgorithmConfig) -> list[float] | None:
-    """Each turn's advantage (trajectory/turn order) under ``algo``'s estimator with the outcome
-    reward, over the groups as given; None for a non-group-relative estimator or no turns.
-
-    An advantage-placed invalid-action penalty is left out (the learner subtracts it when it
-    trains the row); a reward-placed one is included, so the value is what the learner's
-    estimator would give. RSPOLoop stores these with B's collected groups
-    (``Turn.replay_advantage``); stored values are not applied here.
-    """
-    if not get_estimator(algo.estimator).group_relative or not trajectories:
-        return None
-    flat = flatten(list(trajectories), "outcome")
-    if not flat.turns:
-        return None
-    return _estimate(flat, algo, None).advantages.tolist()

@@ -94,6 +94,9 @@ class AgentCLI(LightningCLI):
                 },
                 "trainer.num_sanity_val_steps": -1,
                 "trainer.log_every_n_steps": 1,
+                # Lightning's summary table says the policy is in eval mode with 0 FLOPs (rollouts keep
+                # it there; generate's FLOPs are not counted): the module prints one line instead
+                "trainer.enable_model_summary": False,
             }
         )
 

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+from rspo_lightning import choices
+from rspo_lightning.advantages import ESTIMATORS, GROUP_RELATIVE, RENAMED_KWARGS, check_estimator_kwargs  # noqa: F401  (GROUP_RELATIVE re-exported)
+from rspo_lightning.language_model import TinyModelConfig
+from rspo_lightning.serialization import checkpoint_safe
 
-from rspo_lightning.advantages import ESTIMATORS, GROUP_RELATIVE, check_estimator_kwargs  # noqa: F401  (GROUP_RELATIVE re-exported)
-from rspo_lightning.policy import TinyModelConfig
-
-#: Every registered estimator name (``rspo_lightning.advantages.ESTIMATORS``); GROUP_RELATIVE,
-#: re-exported here, those among them whose baseline comes from the group's other episodes.
+#: Every registered estimator name (``rspo_lightning.advantages.ESTIMATORS``, whose keys are
+#: ``choices.Estimator``); GROUP_RELATIVE, re-exported here, those among them whose baseline
+#: comes from the group's other episodes.
 KNOWN_ESTIMATORS = frozenset(ESTIMATORS)
-PENALTY_PLACEMENTS = ("advantage", "reward")
+PENALTY_PLACEMENTS = choices.values(choices.PenaltyAt)
 
 
 def _as_dataclass(value: Any, cls: type, name: str) -> Any:
@@ -40,6 +42,7 @@ def _as_dataclass(value: Any, cls: type, name: str) -> Any:
     return cls(**value)
 
 
+@checkpoint_safe
 @dataclass
 class EnvConfig:
     """Which environment to play.
@@ -53,6 +56,7 @@ class EnvConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
+@checkpoint_safe
 @dataclass
 class LoraSettings:
     """LoRA adapters on the policy (``peft``; ``pip install -e ".[lora]"``).
@@ -78,6 +82,7 @@ class LoraSettings:
             raise ValueError(f"policy.lora.r must be >= 1, got {self.r}")
 
 
+@checkpoint_safe
 @dataclass
 class PolicyConfig:
     """Which language model acts.
@@ -105,6 +110,7 @@ class PolicyConfig:
             self.lora = _as_dataclass(self.lora, LoraSettings, "policy.lora")
 
 
+@checkpoint_safe
 @dataclass
 class SwapConfig:
     """Swap-partner auxiliary loss (the seed article's reading of "reward swap"; off by default).
@@ -124,7 +130,7 @@ class SwapConfig:
     """
 
     coef: float = 0.0
-    strategy: str = "knn"
+    strategy: choices.SwapStrategy = "knn"
     num_partners: int = 1
     beta_s: float = 1.0
     p_swap: float = 1.0
@@ -133,8 +139,7 @@ class SwapConfig:
     def __post_init__(self) -> None:
         if self.coef < 0:
             raise ValueError(f"algorithm.swap.coef must be >= 0 (0 = off), got {self.coef}")
-        if self.strategy not in ("knn", "bucket", "random"):
-            raise ValueError(f"algorithm.swap.strategy must be knn, bucket or random, got {self.strategy!r}")
+        choices.check("algorithm.swap.strategy", self.strategy, choices.SwapStrategy)
         if self.num_partners < 1:
             raise ValueError(f"algorithm.swap.num_partners must be >= 1, got {self.num_partners}")
         if not 0 <= self.p_swap <= 1:
@@ -143,6 +148,7 @@ class SwapConfig:
             raise ValueError(f"algorithm.swap.warmup_iterations must be >= 0, got {self.warmup_iterations}")
 
 
+@checkpoint_safe
 @dataclass
 class AlgorithmConfig:
     """The RL update.
@@ -187,22 +193,22 @@ class AlgorithmConfig:
         swap: the swap-partner auxiliary loss (off unless ``swap.coef > 0``).
     """
 
-    estimator: str = "grpo"
+    estimator: choices.Estimator = "grpo"
     estimator_kwargs: dict[str, Any] = field(default_factory=dict)
     ppo_epochs: int = 1
     minibatch_size: int = 64
     micro_batch_size: int | None = None
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
-    clip_mode: str = "additive"
+    clip_mode: choices.ClipMode = "additive"
     clip_max_centre: float | None = None
-    replay_regularisers: str = "exclude"
-    loss_agg: str = "token-mean"
+    replay_regularisers: choices.ReplayRegularisers = "exclude"
+    loss_agg: choices.LossAgg = "token-mean"
     kl_coef: float = 0.0
-    kl_estimator: str = "low_var_kl"
+    kl_estimator: choices.KlEstimator = "low_var_kl"
     entropy_coef: float = 0.0
     invalid_action_penalty: float = 0.1
-    penalty_at: str = "advantage"
+    penalty_at: choices.PenaltyAt = "advantage"
     max_grad_norm: float = 1.0
     forward_batch_size: int = 64
     recompute_old_logprobs: bool = True
@@ -211,16 +217,33 @@ class AlgorithmConfig:
 
     def __post_init__(self) -> None:
         self.swap = _as_dataclass(self.swap, SwapConfig, "algorithm.swap")
-        if self.estimator not in KNOWN_ESTIMATORS:
-            raise ValueError(
-                f"algorithm.estimator: unknown estimator {self.estimator!r}; choose one of {sorted(KNOWN_ESTIMATORS)}"
-            )
+        choices.check("algorithm.estimator", self.estimator, choices.Estimator)
         check_estimator_kwargs(self.estimator, self.estimator_kwargs)
-        if self.penalty_at not in PENALTY_PLACEMENTS:
-            raise ValueError(
-                f"algorithm.penalty_at must be advantage (subtract invalid_action_penalty from the invalid "
-                f"turn's advantage) or reward (from its reward, before the estimator), got {self.penalty_at!r}"
-            )
+        for old, new in RENAMED_KWARGS.items():
+            if old in self.estimator_kwargs and new in ESTIMATORS[self.estimator].tunables:
+                warnings.warn(
+                    f"algorithm.estimator_kwargs.{old} of {self.estimator} is renamed {new}: set "
+                    f"{new}: {self.estimator_kwargs[old]!r} (the old key still works)",
+                    FutureWarning,
+                    stacklevel=2,
+                )
+                self.estimator_kwargs = {
+                    **{k: v for k, v in self.estimator_kwargs.items() if k != old},
+                    new: self.estimator_kwargs[old],
+                }
+        choices.check(
+            "algorithm.penalty_at",
+            self.penalty_at,
+            choices.PenaltyAt,
+            " (advantage: off the invalid turn's advantage; reward: off its reward, before the estimator)",
+        )
+        for key, choice in (
+            ("loss_agg", choices.LossAgg),
+            ("kl_estimator", choices.KlEstimator),
+            ("clip_mode", choices.ClipMode),
+            ("replay_regularisers", choices.ReplayRegularisers),
+        ):
+            choices.check(f"algorithm.{key}", getattr(self, key), choice)
         if self.ppo_epochs < 1:
             raise ValueError(f"algorithm.ppo_epochs must be >= 1, got {self.ppo_epochs}")
         if self.minibatch_size < 1:
@@ -235,24 +258,13 @@ class AlgorithmConfig:
             )
         if self.kl_coef < 0:
             raise ValueError(f"algorithm.kl_coef must be >= 0, got {self.kl_coef}; use 0 to disable the KL term")
-        if self.kl_estimator not in ("k1", "k3", "low_var_kl"):
-            raise ValueError(f"algorithm.kl_estimator must be k1, k3 or low_var_kl, got {self.kl_estimator!r}")
-        if self.loss_agg not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
-            raise ValueError(
-                f"algorithm.loss_agg must be token-mean, seq-mean-token-mean or seq-mean-token-sum, got {self.loss_agg!r}"
-            )
-        if self.clip_mode not in ("additive", "multiplicative"):
-            raise ValueError(f"algorithm.clip_mode must be additive or multiplicative, got {self.clip_mode!r}")
         if self.clip_max_centre is not None and not self.clip_max_centre > 0:
             raise ValueError(f"algorithm.clip_max_centre must be > 0 or null (uncapped), got {self.clip_max_centre}")
-        if self.replay_regularisers not in ("exclude", "importance"):
-            raise ValueError(
-                f"algorithm.replay_regularisers must be exclude or importance, got {self.replay_regularisers!r}"
-            )
         if self.clip_eps_low < 0 or self.clip_eps_high < 0:
             raise ValueError(f"algorithm.clip_eps_low/high must be >= 0, got {self.clip_eps_low}, {self.clip_eps_high}")
 
 
+@checkpoint_safe
 @dataclass
 class OptimConfig:
     """Optimizer and learning-rate schedule (per RL iteration).
@@ -271,15 +283,14 @@ class OptimConfig:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_iterations: int = 0
-    decay: str = "constant"
+    decay: choices.LrDecay = "constant"
     decay_iterations: int = 1000
     min_lr_ratio: float = 0.1
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
             raise ValueError(f"optim.lr must be > 0, got {self.lr}")
-        if self.decay not in ("constant", "linear", "cosine"):
-            raise ValueError(f"optim.decay must be constant, linear or cosine, got {self.decay!r}")
+        choices.check("optim.decay", self.decay, choices.LrDecay)
         self.betas = tuple(self.betas)
 
     def lr_factor(self, iteration: int) -> float:
@@ -294,10 +305,3 @@ class OptimConfig:
         if self.decay == "linear":
             return 1.0 - (1.0 - self.min_lr_ratio) * frac
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * frac))
-
-
-# Checkpoints hold these dataclasses as hyper-parameters: allow-listed so that checkpoints load
-# with torch.load(weights_only=True) (never a context manager: leaving one removes the entries).
-torch.serialization.add_safe_globals(
-    [EnvConfig, PolicyConfig, LoraSettings, AlgorithmConfig, SwapConfig, OptimConfig, TinyModelConfig]
-)

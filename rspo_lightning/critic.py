@@ -14,12 +14,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from rspo_lightning import choices
 from rspo_lightning.batching import left_pad, positions_from_mask
-from rspo_lightning.policy import ValueHead, frozen_copy, hidden_size_of, load_policy
+from rspo_lightning.language_model import ValueHead, frozen_copy, hidden_size_of, load_policy
 from rspo_lightning.prompts import PRIVILEGED_PREFIX, chat_prompt_ids
+from rspo_lightning.serialization import checkpoint_safe
 from rspo_lightning.types import Turn
 
 
+@checkpoint_safe
 @dataclass
 class CriticConfig:
     """Value function of PPO (``algorithm.estimator: gae``).
@@ -38,7 +41,7 @@ class CriticConfig:
         warmup_iterations: critic-only iterations before the actor moves (verl's critic_warmup).
     """
 
-    kind: str = "shared"
+    kind: choices.CriticKind = "shared"
     source: str = "policy"
     freeze_backbone: bool = True
     privileged: bool = False
@@ -48,17 +51,13 @@ class CriticConfig:
     warmup_iterations: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in ("shared", "separate"):
-            raise ValueError(f"critic.kind must be 'shared' or 'separate', got {self.kind!r}")
+        choices.check("critic.kind", self.kind, choices.CriticKind)
         if self.privileged and self.kind != "separate":
             raise ValueError("critic.privileged needs critic.kind: separate (a shared head sees the actor's prompt)")
         if self.lr <= 0:
             raise ValueError(f"critic.lr must be > 0, got {self.lr}")
         if self.warmup_iterations < 0:
             raise ValueError(f"critic.warmup_iterations must be >= 0, got {self.warmup_iterations}")
-
-
-torch.serialization.add_safe_globals([CriticConfig])  # a checkpoint hyper-parameter (weights_only loads)
 
 
 def last_token_hidden(

@@ -16,7 +16,7 @@ from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
 from rspo_lightning import metrics
 from rspo_lightning.distributed import merge_over_ranks
-from rspo_lightning.process import seed_rollout
+from rspo_lightning.runtime import seed_rollout
 from rspo_lightning.types import IterationBatch, Trajectory
 
 # Lightning turns sync_dist off on a single device and then warns that it is off wherever

@@ -169,7 +169,7 @@ def agent_a_module(ckpt_path: str, config: str | None = None):
     """``AgentRLModule`` built from the checkpoint with agent A's weights, the checkpoint, and
     whether A's weights were taken from an RSPO snapshot (the checkpoint was written in B's
     phase). A file is memory-mapped; a folder's shards are read into the module's own tensors."""
-    from rspo_lightning.callbacks import rspo
+    from rspo_lightning.snapshot import agent_a_into_checkpoint
 
     path = Path(ckpt_path)
     checkpoint = _read_meta(path) if path.is_dir() else read_checkpoint(path)
@@ -180,7 +180,7 @@ def agent_a_module(ckpt_path: str, config: str | None = None):
     from_snapshot = any(
         isinstance(s, dict) and s.get("snapshot") is not None for s in (checkpoint.get("callbacks") or {}).values()
     )
-    rspo.agent_a_into_checkpoint(module, checkpoint)  # no trainer: A's snapshot replaces B's weights
+    agent_a_into_checkpoint(module, checkpoint)  # no trainer: A's snapshot replaces B's weights
     missing, unexpected = module.load_state_dict(checkpoint["state_dict"], strict=False)
     policy_missing = [k for k in missing if k.startswith("policy.")]
     if policy_missing or unexpected:

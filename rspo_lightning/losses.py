@@ -11,9 +11,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-KL_KINDS = ("k1", "k3", "low_var_kl")
-CLIP_MODES = ("additive", "multiplicative")
+from rspo_lightning import choices
+
+AGGREGATIONS = choices.values(choices.LossAgg)
+KL_KINDS = choices.values(choices.KlEstimator)
+CLIP_MODES = choices.values(choices.ClipMode)  # the generalised clip's bounds (algorithm.clip_mode)
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:

@@ -2,7 +2,7 @@
 one RL iteration per ``training_step`` (docs/design.md §3):
 
 collect (``RolloutEngine``) -> flatten (``batching``) -> score (``scoring``) -> advantages
-(``advantages.turn_advantages``) -> update (``update.ppo_update``) -> log (``metrics``).
+(``credit.turn_advantages``) -> update (``update.ppo_update``) -> log (``metrics``).
 """
 
 from __future__ import annotations
@@ -18,25 +18,29 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.strategies import FSDPStrategy
 
 from rspo_lightning import advantages as adv
-from rspo_lightning import metrics, partner_loss, scoring, update
+from rspo_lightning import credit, logprobs, metrics, partner_loss, update
+from rspo_lightning import snapshot as agent_snapshot
 from rspo_lightning.batching import FlatTurns, drop_faulty, flatten, make_train_batch
-from rspo_lightning.callbacks import rspo
+from rspo_lightning.build import build_models, build_optimizers, reference_model, shard_models
 from rspo_lightning.checkpointing import AtomicCheckpointIO, load_counters, save_counters
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.critic import CriticConfig
 from rspo_lightning.distributed import all_sum, is_sharded, lockstep_count, merge_over_ranks
 from rspo_lightning.envs import make_env
 from rspo_lightning.evaluation import HeldOutEpisodes
-from rspo_lightning.models import build_models, build_optimizers, reference_model, shard_models
-from rspo_lightning.process import freeze_startup_heap, seed_rollout, unfreeze_startup_heap
 from rspo_lightning.rewards import DenseReward, assign_dense_rewards
 from rspo_lightning.rollout import RolloutConfig
+from rspo_lightning.runtime import freeze_startup_heap, seed_rollout, unfreeze_startup_heap
 from rspo_lightning.startup import DENSE_HINT, check_run
 from rspo_lightning.types import IterationBatch, TrainBatch, Trajectory
 
 
 class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
     """Multi-turn agent RL (GRPO/RLOO/GiGPO/... ) with rollouts inside ``training_step``.
+
+    Logging: every ``self.log`` made during a training iteration, the module's and every
+    callback's, is held by ``metrics.IterationLog`` and written once when the iteration ends, to
+    every logger at step = iteration (a key not logged in an iteration has no point there).
 
     Args:
         policy: which language model acts and how it is loaded.
@@ -140,10 +144,26 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         unfreeze_startup_heap()
 
     def on_fit_start(self) -> None:
+        if self.trainer.is_global_zero:
+            print(self.summary_line(), flush=True)
         if self.engine is not None:
             self.engine.env_errors = max(self.engine.env_errors, getattr(self, "_restored_env_errors", 0))
         if self._ref is not None:  # not a submodule, so the strategy's device/precision moves skip it
             self._ref.to(device=self.device, dtype=next(self.policy.parameters()).dtype)
+
+    def summary_line(self) -> str:
+        """What the module built, in one line (the CLI's stand-in for Lightning's model summary)."""
+        trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in self.parameters())
+        parts = [
+            f"{type(self.policy).__name__} from {self.policy_cfg.source!r}",
+            f"{trainable / 1e6:.2f}M of {total / 1e6:.2f}M parameters train",
+        ]
+        if self.value_head is not None or self.critic is not None:
+            parts.append("critic: " + ("value head on the policy" if self.critic is None else "separate model"))
+        if self._ref is not None:
+            parts.append("frozen KL reference")
+        return f"AgentRLModule: {', '.join(parts)}; estimator {self.algo.estimator}, backend {self.rollout_cfg.backend}"
 
     def set_env_kwargs(self, changes: dict) -> None:
         """Change environment keyword arguments mid-run (curriculum); new episodes use them."""
@@ -169,12 +189,11 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         if self._all_ranks(len(batch.tasks) + len(batch.replay)) == 0:  # e.g. RSPO's collect iteration
             return self._log_iteration()
         watch, tokens = metrics.Stopwatch(), self.engine.stats["generated_tokens"]
-        self._temperature = batch.temperature  # RSPO's explorer may sample (and so score) at its own
+        self._temperature = batch.temperature  # and scores at it
         with watch("rollout"):
             dense = batch.reward_mode != "outcome" or self.estimator.needs_dense
-            own = (
-                {"temperature": batch.temperature} if batch.temperature is not None else {}
-            )  # an override's collect may lack it
+            # RSPO's explorer may sample at its own temperature (a module override's collect may lack the argument)
+            own = {} if batch.temperature is None else {"temperature": batch.temperature}
             self.last_trajectories = self.collect(batch.tasks, batch.group_size, batch.policy_tag, dense=dense, **own)
         played = self.last_trajectories + [t for group in batch.replay for t in group]
         if self._all_ranks(len(played)) == 0:  # every episode lost to environment faults
@@ -183,20 +202,18 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
             flat = flatten(played, batch.reward_mode, batch.dense_scale)
             train = self._train_batch(flat)
             with watch("advantage"):
-                result, raw = adv.turn_advantages(
+                result, raw = credit.turn_advantages(
                     flat, self.algo, train.old_values, credit=batch.credit, gamma=batch.credit_gamma
                 )
             train = self._with_advantages(train, result)
             den = update.denominators(train, self.algo.loss_agg, self.device)  # J's means count every row
             probe, train = train, self._trained_rows(train)
-            stats = {
-                "samples": float(len(train)),
-                **update.replay_diagnostics(train, den, batch.replay_weight, self.algo.loss_agg),
-            }
+            stats = {"samples": float(len(train))}
+            stats.update(update.replay_diagnostics(train, den, batch.replay_weight, self.algo.loss_agg))
             if self._all_ranks(len(train)) > 0:
                 train, mismatch = self.score(train)
                 stats.update(self._update(train, batch.replay_weight, den), **mismatch)
-            else:  # nothing trains (every advantage 0): the rollout diagnostic over one forward chunk of the rows played
+            else:  # nothing trains (every advantage 0): the rollout diagnostic over rows played
                 stats.update(self._probe_mismatch(probe))
         self.iteration += 1
         tokens = self.engine.stats["generated_tokens"] - tokens
@@ -231,8 +248,8 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         return trajectories
 
     def outcome_advantages(self, trajectories: list[Trajectory]) -> list[float] | None:
-        """RSPOLoop's stored advantages of B's groups (``advantages.outcome_advantages``)."""
-        return adv.outcome_advantages(trajectories, self.algo)
+        """RSPOLoop's stored advantages of B's groups (``credit.outcome_advantages``)."""
+        return credit.outcome_advantages(trajectories, self.algo)
 
     @property
     def train_temperature(self) -> float:
@@ -240,7 +257,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         return self._temperature if self._temperature is not None else self.rollout_cfg.temperature
 
     def _dummy(self) -> TrainBatch:
-        return scoring.dummy_batch(
+        return logprobs.dummy_batch(
             self.engine.pad_id,
             with_ref=self.algo.kl_coef > 0,
             with_values=self.estimator.needs_critic,
@@ -277,8 +294,8 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         return batch
 
     def score(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
-        """``batch`` with its old (and reference) log-probs (``scoring.score``), and the rollout's log-prob mismatch."""
-        scores, mismatch = scoring.score(
+        """``batch`` with its old (and reference) log-probs (``logprobs.score``), and the rollout's log-prob mismatch."""
+        scores, mismatch = logprobs.score(
             self.policy,
             batch,
             self.train_temperature,
@@ -308,7 +325,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
             batch = dataclasses.replace(batch, critic_rows=self.critic.input_ids(flat.turns))
         return dataclasses.replace(
             batch,
-            old_values=scoring.critic_values(
+            old_values=logprobs.critic_values(
                 self._values, batch, self.algo.forward_batch_size, self._dummy(), self.device
             ),
         )
@@ -317,7 +334,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         if self.critic is not None:
             return self.critic(rows.critic_rows, self.device)
         # through the policy's own forward (under FSDP2 its root unit holds the embeddings)
-        return scoring.forward(
+        return logprobs.forward(
             self.policy, rows, self.train_temperature, self.device, value_head=self.value_head
         ).values
 
@@ -370,7 +387,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         """``update.micro_batch_loss`` of the policy's forward over ``mb``: the loss function
         ``update.ppo_update`` is given (``scale`` None: ``mb`` as one whole minibatch)."""
         swap = self.algo.swap
-        fwd = scoring.forward(
+        fwd = logprobs.forward(
             self.policy, mb, self.train_temperature, self.device, value_head=self.value_head, with_state=swap.coef > 0
         )
         partner = (
@@ -392,11 +409,11 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         )
 
     def snapshot_trainable(self) -> dict:
-        """RSPO's copy of agent A (``callbacks.rspo.snapshot_trainable``)."""
-        return rspo.snapshot_trainable(self)
+        """RSPO's copy of agent A (``snapshot.snapshot_trainable``)."""
+        return agent_snapshot.snapshot_trainable(self)
 
     def restore_trainable(self, snapshot: dict) -> None:
-        rspo.restore_trainable(self, snapshot)
+        agent_snapshot.restore_trainable(self, snapshot)
         if self.engine is not None:
             self.engine.mark_weights_changed()
 
@@ -450,6 +467,6 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         load_counters(self, checkpoint)
-        rspo.agent_a_into_checkpoint(self, checkpoint)
+        agent_snapshot.agent_a_into_checkpoint(self, checkpoint)
         if self.engine is not None:  # the weights are loaded after this hook, before the next collect
             self.engine.mark_weights_changed()

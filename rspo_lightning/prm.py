@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from rspo_lightning.config import OptimConfig, PolicyConfig
 from rspo_lightning.datamodules.trajectory import EpisodeBatch
-from rspo_lightning.policy import hidden_size_of, load_policy
+from rspo_lightning.language_model import hidden_size_of, load_policy
 from rspo_lightning.types import Trajectory
 
 HEAD_KINDS = ("mlp_tanh", "linear")

@@ -1,42 +1,8 @@
-"""Process-level utilities of a run: the garbage collector's frozen startup heap and the seeding
-of rollout sampling."""
+"""Old name of ``rspo_lightning.runtime`` (the process-level utilities (frozen startup heap, rollout seeding)): renamed so that the file says what
+it holds (the note of issue 24); this module re-exports it, so code written against
+``rspo_lightning.process`` keeps working."""
 
-from __future__ import annotations
+from rspo_lightning.runtime import *  # noqa: F403
+from rspo_lightning.runtime import __dict__ as _moved
 
-import gc
-
-import torch
-
-_HEAP_FROZEN = False  # by freeze_startup_heap, and not given back yet
-
-
-def freeze_startup_heap() -> None:
-    """Leave the heap built so far (torch, transformers, the models, the envs: ~440k objects with
-    the tiny model) out of every later garbage collection: a full collection then scans only what
-    the run allocates, instead of pausing a rollout ~0.35 s every few iterations
-    (docs/benchmarks.md). ``AgentRLModule.setup`` calls it, ``teardown`` gives the heap back.
-
-    A heap this function froze for a run that crashed (Lightning runs no ``teardown`` hook after
-    an exception) is given back first; a process that froze objects itself is left as it is.
-    """
-    global _HEAP_FROZEN
-    unfreeze_startup_heap()
-    if gc.get_freeze_count() == 0:
-        gc.collect()
-        gc.freeze()
-        _HEAP_FROZEN = True
-
-
-def unfreeze_startup_heap() -> None:
-    """Give the heap frozen by ``freeze_startup_heap`` back to the collector (no-op otherwise)."""
-    global _HEAP_FROZEN
-    if _HEAP_FROZEN:
-        gc.unfreeze()
-        _HEAP_FROZEN = False
-
-
-def seed_rollout(seed: int, iteration: int, purpose: str, rank: int = 0) -> None:
-    """Seed torch's RNG (the sampler's) from (seed, iteration, purpose, rank): a resumed run replays
-    the same samples as an uninterrupted one, whatever ran before."""
-    code = sum(ord(c) * 31**i for i, c in enumerate(purpose)) % 1_000_003
-    torch.manual_seed(((seed * 1_000_003 + iteration) * 1_000_003 * 64 + code * 64 + rank) % (2**63 - 1))
+globals().update({k: v for k, v in _moved.items() if not k.startswith("__")})

@@ -22,15 +22,16 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from rspo_lightning import choices
 from rspo_lightning.trajectory_io import trajectory_from_dict, trajectory_to_dict
 from rspo_lightning.types import TaskSpec, Trajectory
 
-SAMPLING = ("reward", "random", "variance")
-UNITS = ("group", "trajectory")
+SAMPLING = choices.values(choices.Sampling)
+UNITS = choices.values(choices.ReplayUnit)
 # What a replay slot may take: any item with signal (``signal``), only items with a positive
 # advantage (``positive``: unfilled slots go back to on-policy groups), or positive items drawn
 # again until the slots are full (``positive_repeat``).
-SLOTS = ("signal", "positive", "positive_repeat")
+SLOTS = choices.values(choices.ReplaySlots)
 # Added to every weight so that no group has probability 0 and an all-equal buffer is uniform.
 WEIGHT_FLOOR = 1e-3
 
@@ -89,12 +90,9 @@ class ReplayBuffer:
     ):
         if capacity < 1:
             raise ValueError(f"replay capacity must be >= 1, got {capacity}")
-        if sampling not in SAMPLING:
-            raise ValueError(f"replay sampling must be one of {SAMPLING}, got {sampling!r}")
-        if unit not in UNITS:
-            raise ValueError(f"replay unit must be one of {UNITS}, got {unit!r}")
-        if slots not in SLOTS:
-            raise ValueError(f"replay slots must be one of {SLOTS}, got {slots!r}")
+        choices.check("replay sampling", sampling, choices.Sampling)
+        choices.check("replay unit", unit, choices.ReplayUnit)
+        choices.check("replay slots", slots, choices.ReplaySlots)
         if slots != "signal" and unit != "trajectory":
             raise ValueError(
                 f"replay slots={slots!r} picks single trajectories by their stored advantage: it needs "

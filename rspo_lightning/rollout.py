@@ -18,10 +18,12 @@ import torch
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 
+from rspo_lightning import choices
 from rspo_lightning.batching import left_pad
 from rspo_lightning.envs.pool import EnvFault, EnvPool
 from rspo_lightning.parsing import parse_response
 from rspo_lightning.prompts import ACTION_CLOSE, ACTION_OPEN, HistoryEntry, action_response_ids, build_turn_prompts
+from rspo_lightning.serialization import checkpoint_safe
 from rspo_lightning.trie import ActionTrie, TrieConstraint
 from rspo_lightning.types import TaskSpec, Trajectory, Turn
 from rspo_lightning.vllm_backend import VLLMConfig, VLLMGenerator
@@ -29,6 +31,7 @@ from rspo_lightning.vllm_backend import VLLMConfig, VLLMGenerator
 log = logging.getLogger(__name__)
 
 
+@checkpoint_safe
 @dataclass
 class RolloutConfig:
     """How episodes are played.
@@ -72,12 +75,11 @@ class RolloutConfig:
     generation_batch_size: int | None = None
     env_timeout_s: float | None = 60.0
     env_workers: int = 0
-    backend: str = "hf"
+    backend: choices.Backend = "hf"
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
     def __post_init__(self) -> None:
-        if self.backend not in ("hf", "vllm"):
-            raise ValueError(f"rollout.backend must be hf or vllm, got {self.backend!r}")
+        choices.check("rollout.backend", self.backend, choices.Backend)
         if isinstance(self.vllm, dict):
             self.vllm = VLLMConfig(**self.vllm)
         if self.env_workers < 0:
@@ -98,9 +100,6 @@ class RolloutConfig:
             )
         if self.max_new_tokens < 1:
             raise ValueError(f"rollout.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-
-
-torch.serialization.add_safe_globals([RolloutConfig])  # a checkpoint hyper-parameter (weights_only loads)
 
 
 class StopRecorder(StoppingCriteria):

@@ -1,7 +1,7 @@
 """SFTModule: supervised fine-tuning (behaviour cloning) of the policy on recorded turns.
 
 The warm start before RL: train the policy with next-token cross-entropy on the response
-tokens of expert demonstrations (``python -m rspo_lightning.trajectory_io expert``), batched by
+tokens of expert demonstrations (``python -m rspo_lightning.demos expert``), batched by
 ``TrajectoryDataModule``. At the end of training the model and tokenizer are saved as a
 Hugging Face directory ``{trainer.log_dir}/hf``; point an RL config's ``model.policy.source``
 at it.
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from rspo_lightning.config import OptimConfig, PolicyConfig
 from rspo_lightning.datamodules.trajectory import IGNORE_INDEX
-from rspo_lightning.policy import load_policy
+from rspo_lightning.language_model import load_policy
 
 
 class SFTModule(pl.LightningModule):
@@ -56,7 +56,7 @@ class SFTModule(pl.LightningModule):
             raise ValueError(
                 "SFTModule cannot build model.policy.source: tiny: the tiny word-level tokenizer is trained on a corpus, "
                 "and the demos' token ids only mean something under the tokenizer that wrote them. Write the demos and "
-                "the tiny policy together with `python -m rspo_lightning.trajectory_io expert --policy-source tiny "
+                "the tiny policy together with `python -m rspo_lightning.demos expert --policy-source tiny "
                 "--save-policy DIR --out demos.jsonl ...` and set model.policy.source: DIR"
             )
         self.policy, tokenizer = load_policy(

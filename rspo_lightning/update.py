@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor
 from rspo_lightning import losses, partner_loss
 from rspo_lightning.config import AlgorithmConfig
 from rspo_lightning.distributed import all_sum, gather_values, lockstep, lockstep_count, world_size
-from rspo_lightning.scoring import Forward
+from rspo_lightning.logprobs import Forward
 from rspo_lightning.types import TrainBatch
 
 

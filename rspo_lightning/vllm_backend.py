@@ -28,12 +28,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from rspo_lightning import choices
+from rspo_lightning.serialization import checkpoint_safe
+
 log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
 CHOICES_KEY = "rspo_choices"  # SamplingParams.extra_args key of a request's allowed token sequences (vllm_trie.py)
 
 
+@checkpoint_safe
 @dataclass
 class VLLMConfig:
     """Settings of the colocated vLLM engine (``rollout.vllm.*``; used with ``rollout.backend: vllm``).
@@ -66,8 +70,8 @@ class VLLMConfig:
     kv_cache_gib: float | None = None
     enforce_eager: bool = True
     max_model_len: int | None = None
-    dtype: str = "auto"
-    constraint: str = "trie"
+    dtype: choices.VllmDtype = "auto"
+    constraint: choices.VllmConstraint = "trie"
     enable_sleep_mode: bool = False
     in_process: bool = True
     weights_dir: str | None = None
@@ -79,13 +83,8 @@ class VLLMConfig:
             )
         if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
             raise ValueError(f"rollout.vllm.kv_cache_gib must be > 0 or null, got {self.kv_cache_gib}")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"rollout.vllm.dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.constraint not in ("trie", "choice"):
-            raise ValueError(f"rollout.vllm.constraint must be trie or choice, got {self.constraint!r}")
-
-
-torch.serialization.add_safe_globals([VLLMConfig])  # a checkpoint hyper-parameter (weights_only loads)
+        choices.check("rollout.vllm.dtype", self.dtype, choices.VllmDtype)
+        choices.check("rollout.vllm.constraint", self.constraint, choices.VllmConstraint)
 
 
 def require_vllm():

@@ -1,5 +1,6 @@
 import importlib.util
 import os
+import sys
 
 import pytest
 import torch
@@ -18,6 +19,13 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+@pytest.fixture(autouse=True)
+def _no_pytest_argv(monkeypatch):
+    """A test that builds a LightningCLI passes its own args; pytest's own command line stays out
+    of it (LightningCLI warns when it sees both, and a CLI given no args would parse pytest's)."""
+    monkeypatch.setattr("sys.argv", sys.argv[:1])
+
+
 EASY_ENV = {"task_types": ["pick_and_place"], "num_receptacles": 6, "max_steps": 6}
 
 
@@ -25,7 +33,7 @@ EASY_ENV = {"task_types": ["pick_and_place"], "num_receptacles": 6, "max_steps":
 def tiny_policy(tmp_path_factory):
     """A tiny Llama + word-level tokenizer trained on Household text (session-wide)."""
     from rspo_lightning.envs import make_env
-    from rspo_lightning.policy import TinyModelConfig, load_policy
+    from rspo_lightning.language_model import TinyModelConfig, load_policy
     from rspo_lightning.prompts import template_texts
 
     env = make_env("rspo/Household-v0", **EASY_ENV)

@@ -397,7 +397,7 @@ def test_step_before_reset_is_invalid(data_dir):
 
 @needs_alfworld
 def test_rollout_engine_plays_alfworld_with_constrained_decoding(data_dir, tmp_path):
-    from rspo_lightning.policy import TinyModelConfig, load_policy
+    from rspo_lightning.language_model import TinyModelConfig, load_policy
     from rspo_lightning.prompts import template_texts
     from rspo_lightning.rollout import RolloutConfig, RolloutEngine
     from rspo_lightning.types import TaskSpec

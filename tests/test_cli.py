@@ -96,8 +96,8 @@ def test_fit_writes_metrics_and_changes_weights(tmp_path):
     ckpt = torch.load(ckpt_dir / "last.ckpt", weights_only=True, map_location="cpu")
     trained = ckpt["state_dict"]
     from rspo_lightning.config import EnvConfig, PolicyConfig
+    from rspo_lightning.language_model import TinyModelConfig
     from rspo_lightning.module import AgentRLModule
-    from rspo_lightning.policy import TinyModelConfig
 
     fresh = AgentRLModule(
         policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, intermediate_size=64)),

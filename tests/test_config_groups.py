@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rspo_lightning.config import AlgorithmConfig, LoraSettings, PolicyConfig, SwapConfig
-from rspo_lightning.policy import TinyModelConfig
+from rspo_lightning.language_model import TinyModelConfig
 
 
 def test_tiny_dict_becomes_a_tiny_model_config_with_defaults_for_the_rest():
@@ -73,7 +73,7 @@ def test_unknown_estimator_kwargs_key_fails_at_startup_naming_the_accepted_ones(
         AlgorithmConfig(estimator="a2tgpo", estimator_kwargs={"epsilon": 0.2})
     assert str(err.value) == (
         "algorithm.estimator_kwargs: unknown key 'epsilon' for a2tgpo; it accepts "
-        "['beta', 'clip_mode', 'delta', 'gamma', 'kappa', 'norm', 'turn_group_size']"
+        "['adaptive_clip', 'beta', 'delta', 'gamma', 'kappa', 'norm', 'turn_group_size']"
     )
     with pytest.raises(
         ValueError, match=r"unknown key 'lambda' for gae \(did you mean 'lam'\?\); it accepts \['gamma', 'lam'\]"
@@ -82,7 +82,7 @@ def test_unknown_estimator_kwargs_key_fails_at_startup_naming_the_accepted_ones(
     with pytest.raises(ValueError, match="key 'anchors' for gigpo is supplied by the module"):
         AlgorithmConfig(estimator="gigpo", estimator_kwargs={"anchors": ["s"]})
     assert (
-        AlgorithmConfig(estimator="a2tgpo", estimator_kwargs={"kappa": 0.5, "clip_mode": "signal"}).estimator
+        AlgorithmConfig(estimator="a2tgpo", estimator_kwargs={"kappa": 0.5, "adaptive_clip": "signal"}).estimator
         == "a2tgpo"
     )
 
@@ -90,7 +90,9 @@ def test_unknown_estimator_kwargs_key_fails_at_startup_naming_the_accepted_ones(
 def test_penalty_at_defaults_to_the_advantage_and_is_validated():
     assert AlgorithmConfig().penalty_at == "advantage"
     assert AlgorithmConfig(penalty_at="reward").penalty_at == "reward"
-    with pytest.raises(ValueError, match=r"algorithm.penalty_at must be advantage .* or reward .*, got 'score'"):
+    with pytest.raises(
+        ValueError, match=r"algorithm.penalty_at must be one of \['advantage', 'reward'\] .*, got 'score'"
+    ):
         AlgorithmConfig(penalty_at="score")
 
 

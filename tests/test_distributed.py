@@ -250,8 +250,8 @@ def test_fsdp2_two_ranks_with_resume_match_one_process_on_the_same_trajectories(
     assert set(sharded_state) == set(single_state)
     assert not any(k.startswith("_ref") for k in sharded_state)  # the reference model is not checkpointed
     from rspo_lightning.config import EnvConfig, PolicyConfig
+    from rspo_lightning.language_model import TinyModelConfig
     from rspo_lightning.module import AgentRLModule
-    from rspo_lightning.policy import TinyModelConfig
 
     fresh = AgentRLModule(
         policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, intermediate_size=64)),
@@ -336,8 +336,8 @@ def test_frozen_reference_and_critic_backbone_are_outside_optimizer_and_checkpoi
     from rspo_lightning.config import AlgorithmConfig, EnvConfig, PolicyConfig
     from rspo_lightning.critic import CriticConfig
     from rspo_lightning.distributed import decoder_layer_classes
+    from rspo_lightning.language_model import TinyModelConfig
     from rspo_lightning.module import AgentRLModule
-    from rspo_lightning.policy import TinyModelConfig
 
     m = AgentRLModule(
         policy=PolicyConfig(tiny=TinyModelConfig(hidden_size=32, intermediate_size=64)),

@@ -15,8 +15,8 @@ from rspo_lightning.checkpointing import CheckpointError, IterationCheckpoint
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, LoraSettings, OptimConfig, PolicyConfig
 from rspo_lightning.datamodules import AgentDataModule
 from rspo_lightning.export import export, main
+from rspo_lightning.language_model import TinyModelConfig
 from rspo_lightning.module import AgentRLModule
-from rspo_lightning.policy import TinyModelConfig
 from rspo_lightning.rewards import EnvProgressReward
 from rspo_lightning.rollout import RolloutConfig
 

@@ -8,12 +8,12 @@ pytest.importorskip("peft", reason='LoRA needs peft: pip install -e ".[lora]"')
 
 import lightning.pytorch as pl  # noqa: E402
 
-from rspo_lightning import scoring  # noqa: E402
+from rspo_lightning import logprobs  # noqa: E402
 from rspo_lightning.batching import flatten, make_train_batch  # noqa: E402
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, LoraSettings, OptimConfig, PolicyConfig  # noqa: E402
 from rspo_lightning.datamodules import AgentDataModule  # noqa: E402
+from rspo_lightning.language_model import TinyModelConfig  # noqa: E402
 from rspo_lightning.module import AgentRLModule  # noqa: E402
-from rspo_lightning.policy import TinyModelConfig  # noqa: E402
 from rspo_lightning.rewards import EnvProgressReward  # noqa: E402
 from rspo_lightning.rollout import RolloutConfig  # noqa: E402
 from rspo_lightning.types import TaskSpec  # noqa: E402
@@ -81,7 +81,7 @@ def test_only_adapters_train_and_the_reference_is_the_frozen_base():
     batch, _ = m.score(batch)
     assert torch.allclose(batch.ref_logprobs[mask], ref0[mask], atol=1e-5)
     with torch.no_grad():
-        now = scoring.forward(m.policy, batch, 1.0).logprobs
+        now = logprobs.forward(m.policy, batch, 1.0).logprobs
     assert (now[mask] - ref0[mask]).abs().max() > 1e-3
 
 

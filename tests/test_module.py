@@ -1,40 +1,18 @@
-"""AgentRLModule: scoring exactness, PPO with a shared or an asymmetric critic, critic warm-up."""
+"""AgentRLModule: PPO with a shared or an asymmetric critic, critic warm-up, the iteration's wiring."""
 
 import lightning.pytorch as pl
 import pytest
 import torch
+from module_helpers import ENV, TINY, _changed, _module, _scored_batch, _snapshot, _Weights  # noqa: F401
 
-from rspo_lightning import advantages, scoring, update
+from rspo_lightning import credit, update
 from rspo_lightning.batching import flatten, make_train_batch
-from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
+from rspo_lightning.config import AlgorithmConfig, PolicyConfig
 from rspo_lightning.critic import CriticConfig
 from rspo_lightning.datamodules import AgentDataModule
 from rspo_lightning.module import AgentRLModule
-from rspo_lightning.policy import TinyModelConfig
 from rspo_lightning.rollout import RolloutConfig
 from rspo_lightning.types import IterationBatch, TaskSpec
-
-ENV = EnvConfig(
-    kwargs={
-        "task_types": ["pick_and_place"],
-        "num_receptacles": 4,
-        "num_distractors": 1,
-        "num_object_types": 8,
-        "max_steps": 4,
-        "info_actions": False,
-    }
-)
-TINY = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
-
-
-def _module(**kw):
-    kw.setdefault(
-        "rollout", RolloutConfig(constrained_decoding=False, max_new_tokens=6, template="compact", system_prompt="")
-    )
-    kw.setdefault("optim", OptimConfig(lr=1e-2))
-    m = AgentRLModule(policy=PolicyConfig(tiny=TINY), env=ENV, **kw)
-    m.configure_model()
-    return m
 
 
 def _fit(module, iterations=2, groups=2):
@@ -60,38 +38,6 @@ def _start_head_at_one(head):
     with torch.no_grad():
         head.linear.weight.zero_()
         head.linear.bias.fill_(1.0)
-
-
-class _Weights:
-    """A state-dict snapshot in the shape ``_changed`` reads."""
-
-    def __init__(self, state):
-        self._state = state
-
-    def state_dict(self):
-        return self._state
-
-
-def _snapshot(mod):
-    return {k: v.detach().clone() for k, v in mod.state_dict().items()}
-
-
-def _changed(before, mod):
-    return [k for k, v in mod.state_dict().items() if not torch.equal(before[k], v)]
-
-
-def test_scoring_forward_reproduces_behaviour_logprobs():
-    m = _module()
-    torch.manual_seed(0)
-    trajs = m.engine.collect([TaskSpec("rspo/Household-v0", "train", i, i) for i in range(3)], 2)
-    flat = flatten(trajs)
-    batch = make_train_batch(flat, m.engine.pad_id, torch.zeros(len(flat.turns)))
-    dummy = scoring.dummy_batch(m.engine.pad_id)
-    # chunks of 4 rows, of different response widths
-    target = scoring.chunked_logprobs(m.policy, batch, torch.arange(len(batch)), 1.0, 4, dummy)
-    mask = batch.response_mask
-    assert (target - batch.behaviour_logprobs).abs()[mask].max() < 1e-4
-    assert (target[~mask] == 0).all()
 
 
 def test_ppo_with_shared_critic_trains_policy_and_value_head():
@@ -151,64 +97,6 @@ def test_group_size_one_with_group_relative_estimator_fails_at_setup():
         trainer.fit(m, dm)
 
 
-def _scored_batch(m, tasks=3, advantages=None):
-    trajs = m.engine.collect([TaskSpec("rspo/Household-v0", "train", i, i) for i in range(tasks)], 2)
-    flat = flatten(trajs)
-    batch = make_train_batch(
-        flat, m.engine.pad_id, advantages if advantages is not None else torch.linspace(-1, 1, len(flat.turns))
-    )
-    return m.score(batch)[0]
-
-
-def test_non_finite_loss_skips_the_step_and_never_touches_the_weights():
-    """``update.ppo_update`` without a Trainer: a NaN loss (and gradient) in one step leaves the
-    weights alone and counts a skipped step; the finite steps around it do move them."""
-    torch.manual_seed(0)
-    m = _module(algorithm=AlgorithmConfig(ppo_epochs=3, minibatch_size=1000))  # one optimizer step per epoch
-    batch = _scored_batch(m)
-    opt = torch.optim.SGD(m.policy.parameters(), lr=0.1)
-    calls = {"n": 0}
-
-    def poisoned(mb, scale):
-        loss, stats = m.loss(mb, scale)
-        calls["n"] += 1
-        return (loss * float("nan"), stats) if calls["n"] == 2 else (loss, stats)  # the second epoch's step
-
-    snapshots = []  # the weights at every backward (one micro-batch per step here)
-
-    def backward(loss):
-        snapshots.append(_snapshot(m.policy))
-        loss.backward()
-
-    result = update.ppo_update(
-        batch,
-        poisoned,
-        opt,
-        m.algo,
-        dummy=scoring.dummy_batch(m.engine.pad_id),
-        generator=torch.Generator().manual_seed(0),
-        backward=backward,
-    )
-    assert calls["n"] == 3 and result.skipped == 1 and result.steps == 2
-    first, second, third = snapshots
-    assert _changed(first, _Weights(second))  # the first step moved the weights
-    assert not _changed(second, _Weights(third))  # the skipped one did not
-    assert _changed(third, m.policy)  # the third step moved them again
-    assert all(torch.isfinite(v).all() for v in m.policy.state_dict().values())
-    assert all(torch.isfinite(torch.tensor(v)) for v in result.stats.values())
-    # every step poisoned: nothing moves at all
-    pol1 = _snapshot(m.policy)
-    result = update.ppo_update(
-        batch,
-        lambda mb, scale: (m.loss(mb, scale)[0] * float("nan"), {}),
-        opt,
-        m.algo,
-        dummy=scoring.dummy_batch(m.engine.pad_id),
-        generator=torch.Generator().manual_seed(0),
-    )
-    assert result.skipped == 3 and result.steps == 0 and not _changed(pol1, m.policy)
-
-
 def test_skipped_steps_are_counted_and_logged_by_the_module(monkeypatch):
     m = _module()
     real = update.ppo_update
@@ -234,13 +122,13 @@ def test_a2tgpo_needs_a_dense_reward_and_gets_progress_signals(monkeypatch):
         rollout=RolloutConfig(constrained_decoding=True, max_new_tokens=8, template="compact", system_prompt=""),
     )
     seen = {}
-    original = advantages.turn_advantages
+    original = credit.turn_advantages
 
     def spy(flat, algo, values=None, *args, **kw):
         seen["dense"] = flat.dense.clone()
         return original(flat, algo, values, *args, **kw)
 
-    monkeypatch.setattr(advantages, "turn_advantages", spy)
+    monkeypatch.setattr(credit, "turn_advantages", spy)
     torch.manual_seed(0)
     _fit(m, iterations=1, groups=16)
     # each turn's signal is its progress delta (progress starts at 0 in pick-and-place)

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_smollm2_plays_one_household_turn():
-    from rspo_lightning.policy import load_policy
+    from rspo_lightning.language_model import load_policy
 
     model, tok = load_policy("smollm2")
     torch.manual_seed(0)

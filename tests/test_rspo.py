@@ -7,14 +7,14 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from rspo_lightning import scoring, update
-from rspo_lightning.advantages import turn_advantages
-from rspo_lightning.batching import flatten, make_train_batch
+from rspo_lightning import update
+from rspo_lightning.batching import flatten
 from rspo_lightning.callbacks.rspo import RSPOLoop, repeat_visit_rate, replay_groups_per_rank
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
+from rspo_lightning.credit import turn_advantages
 from rspo_lightning.datamodules import AgentDataModule
+from rspo_lightning.language_model import TinyModelConfig
 from rspo_lightning.module import AgentRLModule
-from rspo_lightning.policy import TinyModelConfig
 from rspo_lightning.rewards import EnvProgressReward
 from rspo_lightning.rollout import RolloutConfig
 from rspo_lightning.types import IterationBatch, TaskSpec, Trajectory, Turn
@@ -519,33 +519,6 @@ def test_default_replay_draws_only_trajectories_that_carry_advantage():
     assert [[t.success for t in g] for g in loop.buffer.sample(3)] == [[True, False]]
 
 
-def test_alpha_weighting_of_the_policy_loss_by_hand():
-    torch.manual_seed(0)
-    m = _module()
-    m.configure_model()
-    trajs = m.engine.collect([TaskSpec("rspo/Household-v0", "train", i, i) for i in range(2)], 2)
-    turns = [t for tr in trajs for t in tr.turns][:3]
-    flat = flatten(
-        [
-            Trajectory(task=TaskSpec("x", "train", 0, 0), turns=turns[:2]),
-            Trajectory(task=TaskSpec("x", "train", 1, 1), turns=turns[2:], source="replay"),
-        ]
-    )
-    adv = torch.tensor([1.0, -2.0, 4.0])
-    batch = make_train_batch(flat, m.engine.pad_id, adv)
-    batch, _ = m.score(batch)  # old := current log-probs, and on-policy behaviour := old
-    batch.behaviour_logprobs[batch.is_replay] = batch.old_logprobs[batch.is_replay]  # ratio 1 on every token
-    n = batch.response_mask.sum(-1).tolist()  # response tokens per row
-    # with ratio 1 every token's loss is -A: L_on = -(n0*1 + n1*(-2)) / (n0 + n1), L_off = -4
-    l_on, l_off = -(n[0] * 1.0 + n[1] * -2.0) / (n[0] + n[1]), -4.0
-    fwd = scoring.forward(m.policy, batch, m.rollout_cfg.temperature)
-    total, _ = update.micro_batch_loss(fwd, batch, update.Scale(pg_on=0.75, pg_off=0.25), m.algo)
-    assert float(total) == pytest.approx(0.75 * l_on + 0.25 * l_off, abs=1e-5)
-    # the pooled token-mean (offline_weighting: tokens) weighs each part by its tokens
-    pooled, _ = update.micro_batch_loss(fwd, batch, update.pooled_scale(batch, m.algo.loss_agg), m.algo)
-    assert float(pooled) == pytest.approx(-(n[0] * 1.0 + n[1] * -2.0 + n[2] * 4.0) / sum(n), abs=1e-5)
-
-
 def test_validate_and_predict_of_a_mid_b_checkpoint_measure_agent_a(tmp_path):
     from rspo_lightning.checkpointing import IterationCheckpoint
     from rspo_lightning.trajectory_io import load_trajectories
@@ -659,8 +632,8 @@ def test_explore_and_collect_rollouts_all_enter_d_with_their_behaviour_logprobs(
     assert len(stored) == 3 * 4 * 2 == len(played)  # 3 B iterations x 4 groups x 2 episodes
     assert sorted({t.iteration for t in stored}) == [0, 1, 2] and all(t.policy_tag == "B" for t in stored)
     by_play = {}
-    for iteration, logprobs in played:
-        by_play.setdefault(iteration, []).append(logprobs)
+    for iteration, recorded in played:
+        by_play.setdefault(iteration, []).append(recorded)
     for iteration in (0, 1, 2):
         mine = [[turn.behaviour_logprobs for turn in t.turns] for t in stored if t.iteration == iteration]
         assert len(mine) == len(by_play[iteration]) == 8

@@ -10,12 +10,13 @@ import torch
 from rspo_lightning.config import EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.datamodules import TrajectoryDataModule
 from rspo_lightning.datamodules.trajectory import collate_turns, turn_samples
+from rspo_lightning.demos import expert_demonstrations, main
+from rspo_lightning.language_model import TinyModelConfig, load_policy
 from rspo_lightning.module import AgentRLModule
 from rspo_lightning.parsing import parse_response
-from rspo_lightning.policy import TinyModelConfig, load_policy
 from rspo_lightning.rollout import RolloutConfig, RolloutEngine
 from rspo_lightning.sft import SFTModule
-from rspo_lightning.trajectory_io import expert_demonstrations, load_trajectories, main, save_trajectories
+from rspo_lightning.trajectory_io import load_trajectories, save_trajectories
 from rspo_lightning.types import TaskSpec, Trajectory, Turn
 
 ENV_ID = "rspo/Household-v0"

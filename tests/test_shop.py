@@ -573,7 +573,7 @@ def test_vocabulary_and_sample_texts_cover_what_the_env_prints():
 
 
 def test_rollout_engine_plays_shop_with_constrained_decoding(tmp_path):
-    from rspo_lightning.policy import TinyModelConfig, load_policy
+    from rspo_lightning.language_model import TinyModelConfig, load_policy
     from rspo_lightning.prompts import template_texts
     from rspo_lightning.rollout import RolloutConfig, RolloutEngine
     from rspo_lightning.types import TaskSpec

@@ -237,7 +237,7 @@ def test_sample_texts_and_vocabulary_cover_every_command(env):
 
 
 def test_rollout_engine_plays_textworld_with_constrained_decoding(games, tmp_path):
-    from rspo_lightning.policy import TinyModelConfig, load_policy
+    from rspo_lightning.language_model import TinyModelConfig, load_policy
     from rspo_lightning.prompts import template_texts
     from rspo_lightning.rollout import RolloutConfig, RolloutEngine
     from rspo_lightning.types import TaskSpec

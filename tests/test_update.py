@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from module_helpers import _changed, _module, _scored_batch, _snapshot, _Weights
 
-from rspo_lightning import update
+from rspo_lightning import logprobs, update
+from rspo_lightning.batching import flatten, make_train_batch
 from rspo_lightning.config import AlgorithmConfig
-from rspo_lightning.scoring import Forward
-from rspo_lightning.types import TrainBatch
+from rspo_lightning.logprobs import Forward
+from rspo_lightning.types import TaskSpec, TrainBatch, Trajectory
 
 T = 4  # response window of the hand batch
 
@@ -161,3 +163,82 @@ def test_replay_diagnostics_against_a_hand_count():
     assert d["rspo/replay_loss_share"] == pytest.approx(rep_mass / (on_mass + rep_mass))
     assert d["rspo/replay_win_share"] == pytest.approx(0.5)
     assert update.replay_diagnostics(rows.select(torch.arange(4)), den, 0.125, "token-mean") == {}
+
+
+# -- the update through a real tiny module (moved from test_module.py / test_rspo.py) ----------
+
+
+def test_non_finite_loss_skips_the_step_and_never_touches_the_weights():
+    """``update.ppo_update`` without a Trainer: a NaN loss (and gradient) in one step leaves the
+    weights alone and counts a skipped step; the finite steps around it do move them."""
+    torch.manual_seed(0)
+    m = _module(algorithm=AlgorithmConfig(ppo_epochs=3, minibatch_size=1000))  # one optimizer step per epoch
+    batch = _scored_batch(m)
+    opt = torch.optim.SGD(m.policy.parameters(), lr=0.1)
+    calls = {"n": 0}
+
+    def poisoned(mb, scale):
+        loss, stats = m.loss(mb, scale)
+        calls["n"] += 1
+        return (loss * float("nan"), stats) if calls["n"] == 2 else (loss, stats)  # the second epoch's step
+
+    snapshots = []  # the weights at every backward (one micro-batch per step here)
+
+    def backward(loss):
+        snapshots.append(_snapshot(m.policy))
+        loss.backward()
+
+    result = update.ppo_update(
+        batch,
+        poisoned,
+        opt,
+        m.algo,
+        dummy=logprobs.dummy_batch(m.engine.pad_id),
+        generator=torch.Generator().manual_seed(0),
+        backward=backward,
+    )
+    assert calls["n"] == 3 and result.skipped == 1 and result.steps == 2
+    first, second, third = snapshots
+    assert _changed(first, _Weights(second))  # the first step moved the weights
+    assert not _changed(second, _Weights(third))  # the skipped one did not
+    assert _changed(third, m.policy)  # the third step moved them again
+    assert all(torch.isfinite(v).all() for v in m.policy.state_dict().values())
+    assert all(torch.isfinite(torch.tensor(v)) for v in result.stats.values())
+    # every step poisoned: nothing moves at all
+    pol1 = _snapshot(m.policy)
+    result = update.ppo_update(
+        batch,
+        lambda mb, scale: (m.loss(mb, scale)[0] * float("nan"), {}),
+        opt,
+        m.algo,
+        dummy=logprobs.dummy_batch(m.engine.pad_id),
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert result.skipped == 3 and result.steps == 0 and not _changed(pol1, m.policy)
+
+
+def test_alpha_weighting_of_the_policy_loss_by_hand():
+    torch.manual_seed(0)
+    m = _module()
+    m.configure_model()
+    trajs = m.engine.collect([TaskSpec("rspo/Household-v0", "train", i, i) for i in range(2)], 2)
+    turns = [t for tr in trajs for t in tr.turns][:3]
+    flat = flatten(
+        [
+            Trajectory(task=TaskSpec("x", "train", 0, 0), turns=turns[:2]),
+            Trajectory(task=TaskSpec("x", "train", 1, 1), turns=turns[2:], source="replay"),
+        ]
+    )
+    adv = torch.tensor([1.0, -2.0, 4.0])
+    batch = make_train_batch(flat, m.engine.pad_id, adv)
+    batch, _ = m.score(batch)  # old := current log-probs, and on-policy behaviour := old
+    batch.behaviour_logprobs[batch.is_replay] = batch.old_logprobs[batch.is_replay]  # ratio 1 on every token
+    n = batch.response_mask.sum(-1).tolist()  # response tokens per row
+    # with ratio 1 every token's loss is -A: L_on = -(n0*1 + n1*(-2)) / (n0 + n1), L_off = -4
+    l_on, l_off = -(n[0] * 1.0 + n[1] * -2.0) / (n[0] + n[1]), -4.0
+    fwd = logprobs.forward(m.policy, batch, m.rollout_cfg.temperature)
+    total, _ = update.micro_batch_loss(fwd, batch, update.Scale(pg_on=0.75, pg_off=0.25), m.algo)
+    assert float(total) == pytest.approx(0.75 * l_on + 0.25 * l_off, abs=1e-5)
+    # the pooled token-mean (offline_weighting: tokens) weighs each part by its tokens
+    pooled, _ = update.micro_batch_loss(fwd, batch, update.pooled_scale(batch, m.algo.loss_agg), m.algo)
+    assert float(pooled) == pytest.approx(-(n[0] * 1.0 + n[1] * -2.0 + n[2] * 4.0) / sum(n), abs=1e-5)

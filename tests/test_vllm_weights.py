@@ -8,7 +8,7 @@ import torch
 from conftest import EASY_ENV
 
 from rspo_lightning.config import LoraSettings
-from rspo_lightning.policy import apply_lora
+from rspo_lightning.language_model import apply_lora
 from rspo_lightning.rollout import RolloutConfig, RolloutEngine
 from rspo_lightning.trie import ActionTrie
 from rspo_lightning.types import TaskSpec
@@ -96,7 +96,7 @@ def _gather_on_rank(rank: int, world: int, port: int, out_dir: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from rspo_lightning.distributed import shard_fsdp2
-    from rspo_lightning.policy import TinyModelConfig, load_policy
+    from rspo_lightning.language_model import TinyModelConfig, load_policy
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -133,8 +133,8 @@ def test_fsdp2_shards_are_gathered_into_the_full_weights(tmp_path):
 def test_score_reports_the_behaviour_logprob_mismatch_against_the_training_forward():
     from rspo_lightning.batching import flatten, make_train_batch
     from rspo_lightning.config import EnvConfig, PolicyConfig
+    from rspo_lightning.language_model import TinyModelConfig
     from rspo_lightning.module import AgentRLModule
-    from rspo_lightning.policy import TinyModelConfig
 
     torch.manual_seed(0)
     m = AgentRLModule(
@@ -168,8 +168,8 @@ def test_every_weight_change_marks_the_engine_stale():
 
     from rspo_lightning.config import AlgorithmConfig, EnvConfig, PolicyConfig
     from rspo_lightning.datamodules import AgentDataModule
+    from rspo_lightning.language_model import TinyModelConfig
     from rspo_lightning.module import AgentRLModule
-    from rspo_lightning.policy import TinyModelConfig
 
     class Watch(pl.Callback):
         marks: list = []

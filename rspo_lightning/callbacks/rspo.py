@@ -39,7 +39,6 @@ Reusable with any LightningModule that offers the ``RSPOAgent`` Protocol below a
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 from collections import defaultdict
@@ -47,9 +46,16 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import lightning.pytorch as pl
-import torch
 
+from rspo_lightning import choices
 from rspo_lightning.replay import ReplayBuffer, mix_replay
+from rspo_lightning.snapshot import (  # noqa: F401  (re-exported: the helpers any RSPOAgent can use)
+    _optimizers,
+    _schedulers,
+    agent_a_into_checkpoint,
+    restore_trainable,
+    snapshot_trainable,
+)
 from rspo_lightning.types import Trajectory
 
 PHASE_CODE = {"explore": 0.0, "collect": 1.0, "exploit": 2.0}
@@ -97,78 +103,6 @@ def check_rspo_agent(module: Any) -> None:
             f"RSPOLoop needs a LightningModule offering the RSPOAgent protocol "
             f"(rspo_lightning.callbacks.rspo.RSPOAgent); {type(module).__name__} lacks {missing}"
         )
-
-
-def _schedulers(module: pl.LightningModule) -> list:
-    scheds = module.lr_schedulers() if module._trainer is not None else None
-    return [] if scheds is None else (scheds if isinstance(scheds, list) else [scheds])
-
-
-def _optimizers(module: pl.LightningModule) -> list:
-    opts = module.optimizers()
-    return opts if isinstance(opts, list) else [opts]
-
-
-def snapshot_trainable(module: pl.LightningModule) -> dict:
-    """Copies of ``module``'s trainable parameters and its optimizers' and schedulers' states: how
-    a LightningModule with manual optimisation implements ``RSPOAgent.snapshot_trainable`` (agent
-    A is kept here while B trains; ``restore_trainable`` puts it back bitwise)."""
-    return {
-        "params": {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad},
-        "optimizers": [copy.deepcopy(getattr(o, "optimizer", o).state_dict()) for o in _optimizers(module)],
-        "schedulers": [copy.deepcopy(s.state_dict()) for s in _schedulers(module)],
-    }
-
-
-@torch.no_grad()
-def restore_trainable(module: pl.LightningModule, snapshot: dict) -> None:
-    """Put a ``snapshot_trainable`` result back into ``module``, bitwise."""
-    params = dict(module.named_parameters())
-    missing = set(snapshot["params"]) - set(params)
-    if missing:
-        raise ValueError(f"snapshot has parameters this module lacks: {sorted(missing)[:5]}")
-    for name, value in snapshot["params"].items():
-        params[name].copy_(value)
-    for opt, state in zip(_optimizers(module), snapshot["optimizers"]):
-        # the wrapped torch optimizer: LightningOptimizer.load_state_dict does not drop state
-        # that the snapshot lacks (e.g. Adam moments created after an empty snapshot)
-        getattr(opt, "optimizer", opt).load_state_dict(copy.deepcopy(state))
-    for sched, state in zip(_schedulers(module), snapshot["schedulers"]):
-        sched.load_state_dict(copy.deepcopy(state))
-
-
-def agent_a_into_checkpoint(module: pl.LightningModule, checkpoint: dict) -> None:
-    """A checkpoint written while RSPO's explorer B was active holds B's weights and A's in the
-    RSPOLoop state. Unless ``module`` fits with an RSPOLoop (which restores A itself at the end of
-    B's phase), put A's parameters, optimizer and scheduler states into ``checkpoint`` (called from
-    ``on_load_checkpoint``, before Lightning loads it): validate / test / predict then measure
-    agent A, and a fit without the loop continues A."""
-    snapshot = None
-    for state in (checkpoint.get("callbacks") or {}).values():
-        if (
-            isinstance(state, dict)
-            and {"snapshot", "buffer", "counts"} <= state.keys()
-            and state["snapshot"] is not None
-        ):
-            snapshot = state["snapshot"]
-    trainer = module._trainer
-    fitting_with_loop = (
-        trainer is not None and trainer.state.fn == "fit" and any(isinstance(cb, RSPOLoop) for cb in trainer.callbacks)
-    )
-    if snapshot is None or fitting_with_loop or "state_dict" not in checkpoint:
-        return
-    # tied weights (embeddings = LM head) appear once among the parameters, under every name in the state dict
-    names = {p.data_ptr(): n for n, p in module.named_parameters()}
-    merged = dict(checkpoint["state_dict"])
-    for key, tensor in module.state_dict(keep_vars=True).items():
-        source = names.get(tensor.data_ptr())
-        if source in snapshot["params"] and key in merged:
-            merged[key] = snapshot["params"][source]
-    checkpoint["state_dict"] = merged
-    if snapshot.get("optimizers") and "optimizer_states" in checkpoint:
-        checkpoint["optimizer_states"] = snapshot["optimizers"]
-    if snapshot.get("schedulers") and "lr_schedulers" in checkpoint:
-        checkpoint["lr_schedulers"] = snapshot["schedulers"]
 
 
 def episode_metrics(trajectories: Sequence[Trajectory], prefix: str, window: int) -> dict[str, float]:
@@ -252,10 +186,10 @@ def swap_to_outcome(group: Sequence[Trajectory]) -> list[Trajectory]:
     ]
 
 
-EXPLORER_REWARDS = ("dense", "outcome+dense", "outcome")
-REPLAY_FROM = ("explorer", "history", "both")
-BUFFER_FROM = ("collect", "explore+collect")
-EXPLORER_CREDIT = ("trajectory", "turn")
+EXPLORER_REWARDS = choices.values(choices.ExplorerReward)
+REPLAY_FROM = choices.values(choices.ReplayFrom)
+BUFFER_FROM = choices.values(choices.BufferFrom)
+EXPLORER_CREDIT = choices.values(choices.ExplorerCredit)
 
 
 class RSPOLoop(pl.Callback):
@@ -311,26 +245,28 @@ class RSPOLoop(pl.Callback):
         seed: seed of replay sampling.
     """
 
+    restores_agent_a = True  # snapshot.agent_a_into_checkpoint: a fit with the loop restores A itself
+
     def __init__(
         self,
         k: int = 3,
         offline_ratio: float = 0.125,
         collect_groups: int | None = None,
-        sampling: str = "reward",
+        sampling: choices.Sampling = "reward",
         capacity: int = 256,
         dense_reward: Any = None,
-        explorer_reward: str = "dense",
+        explorer_reward: choices.ExplorerReward = "dense",
         dense_scale: float = 1.0,
-        replay_from: str = "explorer",
-        replay_unit: str = "trajectory",
-        replay_baseline: str = "collected",
-        offline_weighting: str = "alpha",
-        buffer_from: str = "collect",
+        replay_from: choices.ReplayFrom = "explorer",
+        replay_unit: choices.ReplayUnit = "trajectory",
+        replay_baseline: choices.ReplayBaseline = "collected",
+        offline_weighting: choices.OfflineWeighting = "alpha",
+        buffer_from: choices.BufferFrom = "collect",
         collect_phase: bool = True,
-        replay_slots: str = "signal",
+        replay_slots: choices.ReplaySlots = "signal",
         explorer_lr_scale: float = 1.0,
         explorer_temperature: float | None = None,
-        explorer_credit: str = "trajectory",
+        explorer_credit: choices.ExplorerCredit = "trajectory",
         explorer_gamma: float = 0.9,
         explorer_resync_every: int = 1,
         exploration_window: int = 4,
@@ -344,30 +280,20 @@ class RSPOLoop(pl.Callback):
             raise ValueError(
                 f"RSPOLoop collect_groups must be >= 1 or None (all groups of the batch), got {collect_groups}"
             )
-        if explorer_reward not in EXPLORER_REWARDS:
-            raise ValueError(
-                f"RSPOLoop explorer_reward must be one of {EXPLORER_REWARDS} ('outcome' = RSPO_O), got {explorer_reward!r}"
-            )
+        choices.check("RSPOLoop explorer_reward", explorer_reward, choices.ExplorerReward, " ('outcome' = RSPO_O)")
         if not (math.isfinite(dense_scale) and dense_scale > 0):
             raise ValueError(f"RSPOLoop dense_scale must be a finite number > 0, got {dense_scale!r}")
-        if replay_from not in REPLAY_FROM:
-            raise ValueError(
-                f"RSPOLoop replay_from must be one of {REPLAY_FROM} (history = RSPO_H), got {replay_from!r}"
-            )
-        if replay_baseline not in ("collected", "online"):
-            raise ValueError(f"RSPOLoop replay_baseline must be 'collected' or 'online', got {replay_baseline!r}")
-        if offline_weighting not in ("alpha", "tokens"):
-            raise ValueError(f"RSPOLoop offline_weighting must be 'alpha' or 'tokens', got {offline_weighting!r}")
-        if buffer_from not in BUFFER_FROM:
-            raise ValueError(f"RSPOLoop buffer_from must be one of {BUFFER_FROM}, got {buffer_from!r}")
+        choices.check("RSPOLoop replay_from", replay_from, choices.ReplayFrom, " (history = RSPO_H)")
+        choices.check("RSPOLoop replay_baseline", replay_baseline, choices.ReplayBaseline)
+        choices.check("RSPOLoop offline_weighting", offline_weighting, choices.OfflineWeighting)
+        choices.check("RSPOLoop buffer_from", buffer_from, choices.BufferFrom)
         if not (math.isfinite(explorer_lr_scale) and explorer_lr_scale > 0):
             raise ValueError(f"RSPOLoop explorer_lr_scale must be a finite number > 0, got {explorer_lr_scale!r}")
         if explorer_temperature is not None and not explorer_temperature > 0:
             raise ValueError(
                 f"RSPOLoop explorer_temperature must be > 0 or None (the rollout's), got {explorer_temperature!r}"
             )
-        if explorer_credit not in EXPLORER_CREDIT:
-            raise ValueError(f"RSPOLoop explorer_credit must be one of {EXPLORER_CREDIT}, got {explorer_credit!r}")
+        choices.check("RSPOLoop explorer_credit", explorer_credit, choices.ExplorerCredit)
         if not 0 <= explorer_gamma <= 1:
             raise ValueError(f"RSPOLoop explorer_gamma must be in [0, 1], got {explorer_gamma!r}")
         if exploration_window < 1:

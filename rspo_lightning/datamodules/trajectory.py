@@ -127,7 +127,7 @@ class TrajectoryDataModule(pl.LightningDataModule):
 
     Args:
         train_path: JSONL file of trajectories (``rspo_lightning.trajectory_io.save_trajectories``,
-            or ``python -m rspo_lightning.trajectory_io expert ... --out FILE``).
+            or ``python -m rspo_lightning.demos expert ... --out FILE``).
         val_path: JSONL file of validation trajectories; None = hold out ``val_fraction`` of
             ``train_path``'s trajectories.
         batch_size: turn samples per batch.
@@ -158,7 +158,7 @@ class TrajectoryDataModule(pl.LightningDataModule):
             if path is not None and not os.path.isfile(path):
                 raise FileNotFoundError(
                     f"data.{name}: {path!r} is not a file; write expert demos with "
-                    f"`python -m rspo_lightning.trajectory_io expert --out {path} ...` or point it at a saved JSONL"
+                    f"`python -m rspo_lightning.demos expert --out {path} ...` or point it at a saved JSONL"
                 )
         self.train_path = train_path
         self.val_path = val_path

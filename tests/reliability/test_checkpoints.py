@@ -245,8 +245,8 @@ def test_every_shipped_config_has_its_own_checkpoint_place_and_no_optimizer_step
 def test_step_knobs_that_count_optimizer_steps_are_refused():
     from rspo_lightning.config import EnvConfig, PolicyConfig
     from rspo_lightning.datamodules import AgentDataModule
+    from rspo_lightning.language_model import TinyModelConfig
     from rspo_lightning.module import AgentRLModule
-    from rspo_lightning.policy import TinyModelConfig
 
     env = EnvConfig(kwargs={"task_types": ["pick_and_place"], "num_receptacles": 3, "max_steps": 3})
 

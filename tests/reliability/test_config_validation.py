@@ -5,8 +5,8 @@ import pytest
 from rspo_lightning.callbacks import RSPOLoop
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, PolicyConfig
 from rspo_lightning.datamodules import AgentDataModule
+from rspo_lightning.language_model import load_policy
 from rspo_lightning.module import AgentRLModule
-from rspo_lightning.policy import load_policy
 
 ENV = EnvConfig(kwargs={"task_types": ["pick_and_place"], "num_receptacles": 3, "max_steps": 3})
 

@@ -89,8 +89,8 @@ def test_an_iteration_whose_every_episode_faults_trains_nothing_and_goes_on():
 
     from rspo_lightning.config import EnvConfig, PolicyConfig
     from rspo_lightning.datamodules import AgentDataModule
+    from rspo_lightning.language_model import TinyModelConfig
     from rspo_lightning.module import AgentRLModule
-    from rspo_lightning.policy import TinyModelConfig
 
     env = EnvConfig(
         env_id="rspo/Faulty-v0",

@@ -41,7 +41,7 @@ def test_bad_output_is_an_invalid_action_and_the_env_state_is_unchanged(name):
 
 
 def test_invalid_turns_get_the_penalty_in_the_advantage():
-    from rspo_lightning.advantages import turn_advantages
+    from rspo_lightning.credit import turn_advantages
 
     def turn(valid):
         return Turn(

@@ -10,8 +10,8 @@ from rspo_lightning.callbacks import RSPOLoop
 from rspo_lightning.checkpointing import IterationCheckpoint
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.datamodules import AgentDataModule
+from rspo_lightning.language_model import TinyModelConfig
 from rspo_lightning.module import AgentRLModule
-from rspo_lightning.policy import TinyModelConfig
 from rspo_lightning.rewards import EnvProgressReward
 from rspo_lightning.rollout import RolloutConfig
 

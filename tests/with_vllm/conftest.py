@@ -15,7 +15,7 @@ HEAD32 = {
 def tiny_policy32(tmp_path_factory):
     """A tiny Llama (head size 32) + word-level tokenizer trained on Household text."""
     from rspo_lightning.envs import make_env
-    from rspo_lightning.policy import TinyModelConfig, load_policy
+    from rspo_lightning.language_model import TinyModelConfig, load_policy
     from rspo_lightning.prompts import template_texts
 
     env = make_env("rspo/Household-v0", **EASY_ENV)

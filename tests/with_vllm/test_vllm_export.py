@@ -9,8 +9,8 @@ from rspo_lightning.checkpointing import IterationCheckpoint
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, PolicyConfig
 from rspo_lightning.datamodules import AgentDataModule
 from rspo_lightning.export import export
+from rspo_lightning.language_model import TinyModelConfig
 from rspo_lightning.module import AgentRLModule
-from rspo_lightning.policy import TinyModelConfig
 from rspo_lightning.rollout import RolloutConfig
 from rspo_lightning.vllm_backend import engine_kwargs
 

@@ -1,4 +1,4 @@
-"""Tests for rspo_lightning.policy: the three loading paths, helpers, and token log-probs."""
+"""Tests for rspo_lightning.language_model: the three loading paths, helpers, and token log-probs."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from rspo_lightning.losses import response_token_logprobs
-from rspo_lightning.policy import (
+from rspo_lightning.language_model import (
     TinyModelConfig,
     ValueHead,
     frozen_copy,
     hidden_size_of,
     load_policy,
 )
+from rspo_lightning.losses import response_token_logprobs
 
 CORPUS = [
     "You are in the middle of a room. Looking around you, you see a shelf 1 and a countertop 1.",

@@ -1,0 +1,55 @@
+"""Every configuration choice of the package as one ``Literal`` type, the single source of its
+values: jsonargparse turns a ``Literal`` annotation into the choices of ``--help`` and a parse
+error that lists them, and ``check`` gives code called from Python the same message.
+
+A module that validates a choice imports its type from here (``values(LossAgg)`` for the
+tuple); nothing retypes the strings.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+# -- the update (config.AlgorithmConfig, losses.py) ---------------------------------------------
+Estimator = Literal["grpo", "rloo", "gae", "gigpo", "proxmo", "a2tgpo"]  # advantages.ESTIMATORS' keys
+LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+KlEstimator = Literal["k1", "k3", "low_var_kl"]
+ClipMode = Literal["additive", "multiplicative"]  # the generalised clip's bounds around its centre
+ReplayRegularisers = Literal["exclude", "importance"]
+PenaltyAt = Literal["advantage", "reward"]
+SwapStrategy = Literal["knn", "bucket", "random"]
+LrDecay = Literal["constant", "linear", "cosine"]
+
+# -- the estimators' keywords (advantages.py) ---------------------------------------------------
+Norm = Literal["std", "mean"]
+EpisodeStats = Literal["trajectory", "steps"]
+AdaptiveClip = Literal["signal", "inverse_advantage"]  # A²TGPO's per-turn clip scale (was its clip_mode)
+
+# -- rollout, critic, vLLM ----------------------------------------------------------------------
+Backend = Literal["hf", "vllm"]
+CriticKind = Literal["shared", "separate"]
+VllmDtype = Literal["auto", "float32", "bfloat16", "float16"]
+VllmConstraint = Literal["trie", "choice"]
+
+# -- RSPO (callbacks/rspo.py, replay.py) --------------------------------------------------------
+ExplorerReward = Literal["dense", "outcome+dense", "outcome"]
+ReplayFrom = Literal["explorer", "history", "both"]
+BufferFrom = Literal["collect", "explore+collect"]
+ExplorerCredit = Literal["trajectory", "turn"]
+ReplayBaseline = Literal["collected", "online"]
+OfflineWeighting = Literal["alpha", "tokens"]
+Sampling = Literal["reward", "random", "variance"]
+ReplayUnit = Literal["trajectory", "group"]
+ReplaySlots = Literal["signal", "positive", "positive_repeat"]
+
+
+def values(choice) -> tuple[str, ...]:
+    """The values of a ``Literal`` choice, in their declared order."""
+    return get_args(choice)
+
+
+def check(name: str, value: object, choice, hint: str = "") -> None:
+    """ValueError naming the key, the accepted values and what was given, unless ``value`` is one."""
+    accepted = get_args(choice)
+    if value not in accepted:
+        raise ValueError(f"{name} must be one of {list(accepted)}{hint}, got {value!r}")

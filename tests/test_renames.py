@@ -1,0 +1,49 @@
+"""Renamed and split modules keep the old dotted paths working, and a checkpoint written before
+the renames (by the code of commit e636b71, through the Python API, so its hyper-parameters are
+the pickled config dataclasses, ``rspo_lightning.policy.TinyModelConfig`` among them) loads with
+``weights_only=True`` and validates agent A."""
+
+import os
+
+import lightning.pytorch as pl
+import torch
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "checkpoints", "before_issue24_rspo_a2tgpo.ckpt")
+
+
+def test_old_module_paths_still_import_the_same_objects():
+    from rspo_lightning import build, language_model, logprobs, models, policy, process, runtime, scoring
+
+    assert policy.TinyModelConfig is language_model.TinyModelConfig and policy.load_policy is language_model.load_policy
+    assert models.build_models is build.build_models and process.seed_rollout is runtime.seed_rollout
+    assert scoring.score is logprobs.score and scoring.forward is logprobs.forward
+    from rspo_lightning.callbacks.rspo import snapshot_trainable
+    from rspo_lightning.snapshot import snapshot_trainable as moved
+    from rspo_lightning.trajectory_io import expert_demonstrations
+
+    assert snapshot_trainable is moved and expert_demonstrations.__module__ == "rspo_lightning.demos"
+
+
+def test_a_checkpoint_written_before_the_renames_loads_and_validates_agent_a(tmp_path):
+    from rspo_lightning.config import EnvConfig
+    from rspo_lightning.datamodules import AgentDataModule
+    from rspo_lightning.language_model import TinyModelConfig
+    from rspo_lightning.module import AgentRLModule
+
+    ckpt = torch.load(FIXTURE, weights_only=True)  # every global allow-listed under its old path
+    hp = ckpt["hyper_parameters"]
+    assert type(hp["policy"].tiny) is TinyModelConfig and hp["policy"].tiny.hidden_size == 16
+    assert hp["algorithm"].estimator_kwargs == {"clip_mode": "signal"}  # A²TGPO's old key, still understood
+    from rspo_lightning.rewards import EnvProgressReward
+
+    module = AgentRLModule.load_from_checkpoint(
+        FIXTURE, weights_only=True, dense_reward=EnvProgressReward()
+    )  # not a hyper-parameter
+    snapshot = next(s["snapshot"] for s in ckpt["callbacks"].values() if isinstance(s, dict) and "snapshot" in s)
+    env = EnvConfig(kwargs={"task_types": ["pick_and_place"], "num_receptacles": 3, "max_steps": 3})
+    dm = AgentDataModule(env=env, groups_per_iteration=2, group_size=2, val_splits=["valid_seen"], num_val_tasks=2)
+    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.validate(module, dm, ckpt_path=FIXTURE, weights_only=True)
+    params = dict(module.named_parameters())
+    assert all(torch.equal(params[k], v) for k, v in snapshot["params"].items())  # agent A, not the B it was saved with
+    assert "val/success_rate" in trainer.callback_metrics
