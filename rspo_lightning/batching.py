@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rspo_lightning import choices
 from rspo_lightning.types import TrainBatch, Trajectory, Turn
 
 
@@ -41,7 +42,7 @@ class FlatTurns:
     dense: torch.Tensor
 
 
-REWARD_MODES = ("outcome", "dense", "outcome+dense")
+REWARD_MODES = choices.values(choices.RewardMode)
 
 
 def turn_reward(outcome: float, dense: float, reward_mode: str, dense_scale: float = 1.0) -> float:
@@ -53,8 +54,7 @@ def flatten(trajectories: Sequence[Trajectory], reward_mode: str = "outcome", de
     """Flatten trajectories into per-turn tensors; ``reward_mode`` picks the reward each turn
     carries: ``outcome``, ``dense`` (``dense_scale`` x the dense reward alone) or ``outcome+dense``.
     Replayed trajectories always carry the outcome reward (RSPO's reward swap)."""
-    if reward_mode not in REWARD_MODES:
-        raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {reward_mode!r}")
+    choices.check("reward_mode", reward_mode, choices.RewardMode)
     turns, rewards, traj_idx, group_idx, turn_idx, success, invalid, replay, anchors, dense = ([] for _ in range(10))
     group_ids: dict[tuple, int] = {}
     for i, traj in enumerate(trajectories):

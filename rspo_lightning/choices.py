@@ -31,8 +31,11 @@ CriticKind = Literal["shared", "separate"]
 VllmDtype = Literal["auto", "float32", "bfloat16", "float16"]
 VllmConstraint = Literal["trie", "choice"]
 
+# -- the reward a turn carries (batching.flatten, data.reward_mode) -----------------------------
+RewardMode = Literal["outcome", "dense", "outcome+dense"]
+
 # -- RSPO (callbacks/rspo.py, replay.py) --------------------------------------------------------
-ExplorerReward = Literal["dense", "outcome+dense", "outcome"]
+ExplorerReward = Literal["dense", "outcome+dense", "outcome"]  # B's reward_mode ("outcome": RSPO_O)
 ReplayFrom = Literal["explorer", "history", "both"]
 BufferFrom = Literal["collect", "explore+collect"]
 ExplorerCredit = Literal["trajectory", "turn"]

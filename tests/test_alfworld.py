@@ -427,3 +427,31 @@ def test_rollout_engine_plays_alfworld_with_constrained_decoding(data_dir, tmp_p
         assert traj.env_error is None and traj.task_type == task_type
         assert 1 <= len(traj.turns) <= 4 and (traj.success or traj.truncated)
         assert all(turn.valid for turn in traj.turns), [turn.action for turn in traj.turns]
+
+
+def test_the_alfworld_config_runs_one_iteration_under_the_smoke_overlay(data_dir, tmp_path, monkeypatch):
+    """``fit --config configs/alfworld/grpo.yaml --config configs/smoke.yaml`` on the fixture games:
+    the real engine, the config's own settings (no expert: the tiny tokenizer's corpus is played
+    with random admissible actions), one iteration of the tiny model."""
+    from rspo_lightning.cli import AgentCLI
+    from rspo_lightning.datamodules import AgentDataModule
+    from rspo_lightning.module import AgentRLModule
+
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.setenv("ALFWORLD_DATA", str(data_dir))
+    args = [
+        "--config",
+        str(root / "configs" / "alfworld" / "grpo.yaml"),
+        "--config",
+        str(root / "configs" / "smoke.yaml"),
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.enable_progress_bar",
+        "false",
+    ]
+    cli = AgentCLI(
+        AgentRLModule, AgentDataModule, run=False, args=args, auto_configure_optimizers=False, save_config_callback=None
+    )
+    assert cli.datamodule.env.env_id == "rspo/ALFWorld-v0" and cli.datamodule.env.kwargs["expert"] is None
+    cli.trainer.fit(cli.model, cli.datamodule)
+    assert cli.model.iteration == 1 and cli.model.env_steps > 0

@@ -235,7 +235,8 @@ def test_rspo_config_runs_one_loop(path, tmp_path):
 
 
 SMOKE = os.path.join(ROOT, "configs", "smoke.yaml")
-#: the real envs' packages and data are not on the test machine: their configs play the look-alike
+#: the real envs' data are not on the test machine: their configs play the look-alike here (the
+#: ALFWorld config on the real engine and the fixture games: tests/test_alfworld.py)
 REAL_ENV_STAND_IN = {
     "alfworld": ("rspo/Household-v0", {}),
     "textworld": ("rspo/Household-v0", {}),

@@ -68,7 +68,7 @@ def test_trie_path_marks_the_allowed_ids_and_goes_unconstrained_off_the_trie(tin
 
 
 def test_bad_backend_settings_fail_at_startup():
-    with pytest.raises(ValueError, match="rollout.backend must be hf or vllm"):
+    with pytest.raises(ValueError, match=r"rollout.backend must be one of \['hf', 'vllm'\], got 'sglang'"):
         RolloutConfig(backend="sglang")
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         VLLMConfig(gpu_memory_utilization=1.5)

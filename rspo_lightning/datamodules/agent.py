@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader, IterableDataset
 
-from rspo_lightning.batching import REWARD_MODES
+from rspo_lightning import choices
 from rspo_lightning.config import EnvConfig
 from rspo_lightning.envs import make_env
 from rspo_lightning.types import IterationBatch, TaskSpec
@@ -101,7 +101,7 @@ class AgentDataModule(pl.LightningDataModule):
         num_val_tasks: int | None = 64,
         val_groups_per_batch: int = 64,
         seed: int = 0,
-        reward_mode: str = "outcome",
+        reward_mode: choices.RewardMode = "outcome",
         dense_scale: float = 1.0,
         predict_splits: list[str] | None = None,
         predict_samples: int = 1,
@@ -111,8 +111,7 @@ class AgentDataModule(pl.LightningDataModule):
             raise ValueError(f"data.predict_samples must be >= 1 (episodes per task), got {predict_samples}")
         self.predict_splits = None if predict_splits is None else list(predict_splits)
         self.predict_samples = predict_samples
-        if reward_mode not in REWARD_MODES:
-            raise ValueError(f"data.reward_mode must be one of {list(REWARD_MODES)}, got {reward_mode!r}")
+        choices.check("data.reward_mode", reward_mode, choices.RewardMode)
         if not dense_scale > 0:
             raise ValueError(f"data.dense_scale must be > 0, got {dense_scale}")
         self.reward_mode = reward_mode
