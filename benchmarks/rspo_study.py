@@ -179,6 +179,10 @@ RUNS: dict[str, Run] = {
     "grpo_rspo_positive": rspo(cb("replay_slots", "positive")),
     "grpo_rspo_positive_repeat": rspo(cb("replay_slots", "positive_repeat")),
     "grpo_rspo_both": rspo(cb("replay_from", "both")),
+    # the screening's levers together: D = all of B's episodes plus A's own recent groups, slots for wins only
+    "grpo_rspo_combo": rspo(
+        cb("replay_from", "both"), cb("buffer_from", "explore+collect"), cb("replay_slots", "positive")
+    ),
     "grpo_rspo_lr2": rspo(cb("explorer_lr_scale", 2.0)),
     "grpo_rspo_temp13": rspo(cb("explorer_temperature", 1.3)),
     "grpo_rspo_turn": rspo(cb("explorer_credit", "turn")),
