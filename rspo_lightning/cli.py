@@ -281,8 +281,8 @@ class AgentCLI(LightningCLI):
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs):
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
-        if "verbose" in self._subcommand_method_arguments.get(subcommand, ()):
-            parser.set_defaults(verbose=False)  # the module prints one table (metrics.results_table)
+        if "verbose" in self._subcommand_method_arguments.get(subcommand, ()) and not self.subclass_mode_model:
+            parser.set_defaults(verbose=False)  # AgentRLModule prints one table (metrics.results_table)
         return parser
 
 
