@@ -129,9 +129,10 @@ class AgentCLI(LightningCLI):
         """A checkpoint file given by path is checked by our loader (``CheckpointError``: the file,
         what is wrong, the other checkpoints of its folder) before Lightning or jsonargparse read
         it; ``last`` and ``hpc`` are resolved once the trainer knows its checkpoint folder
-        (``_resolve_checkpoint``). The checkpoint's hyper-parameters then configure the model and
-        its env wherever the command line sets nothing (the weights belong to the model that
-        wrote them); what they change against the config files is printed in one line."""
+        (``_resolve_checkpoint``). For validate / test / predict the checkpoint's hyper-parameters
+        then configure the model and its env wherever the command line sets nothing (the weights
+        belong to the model that wrote them); a fit keeps the config files' values too. What they
+        change is printed, one line per value."""
         sub = self.config.get("subcommand")
         path = self.config[sub].get("ckpt_path") if sub else None
         if not path or path in SYMBOLIC_CKPT or not os.path.isfile(path):
@@ -157,8 +158,13 @@ class AgentCLI(LightningCLI):
             )
             raise
         cfg, changed = self.config[sub], []
+        # a fit resumed from a file continues the run its config describes: there the config files'
+        # values (those not left at their defaults) win too, as before; an evaluation measures the
+        # checkpoint's own model
+        defaults = self.parser._subcommands_action._name_parser_map[sub].get_defaults() if sub == "fit" else None
         for key, value in user.get("model").items(branches=False):
-            if _on_command_line(f"model.{key}", self._cli_keys):
+            given = defaults is not None and value != defaults.get(f"model.{key}")
+            if given or _on_command_line(f"model.{key}", self._cli_keys):
                 cfg[f"model.{key}"] = value
             elif cfg.get(f"model.{key}") != value:
                 changed.append(f"model.{key}={cfg.get(f'model.{key}')!r} (config: {value!r})")
@@ -177,6 +183,7 @@ class AgentCLI(LightningCLI):
             and isinstance(given, dict)
             and env != given
             and not _on_command_line("data.env", self._cli_keys)
+            and defaults is None
         ):
             changed.append(f"data.env={json.dumps(env, sort_keys=True)} (config: {json.dumps(given, sort_keys=True)})")
             cfg["data.env"] = Namespace(env_id=env["env_id"], kwargs=env.get("kwargs") or {})
