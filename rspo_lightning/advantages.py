@@ -39,9 +39,6 @@ from torch import Tensor
 from rspo_lightning import choices
 
 STD_EPS = 1e-6
-NORMS = choices.values(choices.Norm)
-EPISODE_STATS = choices.values(choices.EpisodeStats)
-ADAPTIVE_CLIPS = choices.values(choices.AdaptiveClip)  # A²TGPO's adaptive_clip (its clip_mode before)
 
 
 class AdvantageResult(NamedTuple):
@@ -95,11 +92,6 @@ def _check_length(name: str, value: Any, n: int) -> None:
     length = len(value)
     if length != n:
         raise ValueError(f"{name} must have one entry per turn (N={n}), got length {length}")
-
-
-def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
 
 
 def _layout(rewards: Any, traj_index: Any, group_index: Any, turn_index: Any) -> _Layout:
@@ -265,8 +257,8 @@ def grpo_advantages(
     own score, R(tau) - p_t, never off the scores of the trajectory's other turns (verl-agent's
     placement of the invalid-action penalty: ``algorithm.penalty_at: reward``).
     """
-    _check_choice("norm", norm, NORMS)
-    _check_choice("episode_stats", episode_stats, EPISODE_STATS)
+    choices.check("norm", norm, choices.Norm)
+    choices.check("episode_stats", episode_stats, choices.EpisodeStats)
     lay = _layout(rewards, traj_index, group_index, turn_index)
     pen = _step_penalty(step_penalty, lay.rewards.shape[0], episode_stats)
     return AdvantageResult(lay.out(_episode_advantage(lay, norm, episode_stats, pen)))
@@ -290,7 +282,7 @@ def rloo_advantages(
     the baseline. A group with one sample, or whose samples all carry the same return (e.g. one
     trajectory), gives exactly 0.
     """
-    _check_choice("episode_stats", episode_stats, EPISODE_STATS)
+    choices.check("episode_stats", episode_stats, choices.EpisodeStats)
     lay = _layout(rewards, traj_index, group_index, turn_index)
     returns = lay.episode_returns()
     if episode_stats == "trajectory":
@@ -368,8 +360,8 @@ def gigpo_advantages(
     ``episode_stats="steps"``, verl-agent's placement): off the step sample's own episode score
     (as in ``grpo_advantages``) and off that step's reward in the returns-to-go.
     """
-    _check_choice("norm", norm, NORMS)
-    _check_choice("episode_stats", episode_stats, EPISODE_STATS)
+    choices.check("norm", norm, choices.Norm)
+    choices.check("episode_stats", episode_stats, choices.EpisodeStats)
     _check_unit_interval("gamma", gamma)
     lay = _layout(rewards, traj_index, group_index, turn_index)
     names = _check_anchors(anchors, lay.rewards.shape[0])
@@ -395,7 +387,7 @@ def turn_return_advantages(
     not telescope: a turn that reaches a new subgoal scores above the turns that follow it. A
     group whose G are all equal gives 0."""
     _check_unit_interval("gamma", gamma)
-    _check_choice("norm", norm, NORMS)
+    choices.check("norm", norm, choices.Norm)
     lay = _layout(rewards, traj_index, group_index, turn_index)
     returns = _reverse_scan(lay.rewards, lay.traj.tolist(), gamma)
     return AdvantageResult(lay.out(_group_centre(returns, lay.group, lay.num_groups, norm)))
@@ -475,8 +467,8 @@ def proxmo_advantages(
     batch with its regex tokenizer); A^S is not divided by a std; alpha=4, target_range=0.05
     (the code's psc_alpha=5, psc_beta=0.866).
     """
-    _check_choice("norm", norm, NORMS)
-    _check_choice("episode_stats", episode_stats, EPISODE_STATS)
+    choices.check("norm", norm, choices.Norm)
+    choices.check("episode_stats", episode_stats, choices.EpisodeStats)
     _check_unit_interval("gamma", gamma)
     if tau <= 0:
         raise ValueError(f"tau must be > 0, got {tau}")
@@ -545,8 +537,8 @@ def a2tgpo_advantages(
             stacklevel=2,
         )
         adaptive_clip = clip_mode
-    _check_choice("norm", norm, NORMS)
-    _check_choice("adaptive_clip", adaptive_clip, ADAPTIVE_CLIPS)
+    choices.check("norm", norm, choices.Norm)
+    choices.check("adaptive_clip", adaptive_clip, choices.AdaptiveClip)
     _check_unit_interval("gamma", gamma)
     if not 0.0 <= delta < 1.0:
         raise ValueError(f"delta must be in [0, 1) so clip_scale stays positive, got {delta}")

@@ -42,9 +42,6 @@ class FlatTurns:
     dense: torch.Tensor
 
 
-REWARD_MODES = choices.values(choices.RewardMode)
-
-
 def turn_reward(outcome: float, dense: float, reward_mode: str, dense_scale: float = 1.0) -> float:
     """The reward a turn carries for the advantage under ``reward_mode``."""
     return (outcome if reward_mode != "dense" else 0.0) + (dense_scale * dense if reward_mode != "outcome" else 0.0)

@@ -124,6 +124,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.remove(str(path) + ".sha256")
 
 
+# (file, size, mtime, sum) already hashed to its sidecar's sum in this process: the CLI checks a
+# checkpoint before Lightning loads it through AtomicCheckpointIO, which would read it all again
+_MATCHED_SUMS: set[tuple] = set()
+
+
 def load_checkpoint_file(
     path: str, map_location: Any = "cpu", weights_only: bool = True, mmap: bool = False
 ) -> dict[str, Any]:
@@ -140,11 +145,15 @@ def load_checkpoint_file(
     if os.path.isfile(sidecar):
         with open(sidecar) as f:
             expected = f.read().split()[:1]
-        if expected and file_sha256(path) != expected[0]:
-            raise CheckpointError(
-                f"checkpoint {path} does not match its checksum {sidecar} (the file changed or is "
-                f"corrupted after it was written); {other_checkpoints(path)}"
-            )
+        info = os.stat(path)
+        stamp = (os.path.realpath(path), info.st_size, info.st_mtime_ns, tuple(expected))
+        if expected and stamp not in _MATCHED_SUMS:
+            if file_sha256(path) != expected[0]:
+                raise CheckpointError(
+                    f"checkpoint {path} does not match its checksum {sidecar} (the file changed or is "
+                    f"corrupted after it was written); {other_checkpoints(path)}"
+                )
+            _MATCHED_SUMS.add(stamp)
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; its directory is at the end
         raise CheckpointError(
             f"checkpoint {path} cannot be read as a PyTorch checkpoint (it is no zip archive, which "

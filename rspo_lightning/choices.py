@@ -43,6 +43,8 @@ ReplayBaseline = Literal["collected", "online"]
 OfflineWeighting = Literal["alpha", "tokens"]
 Sampling = Literal["reward", "random", "variance"]
 ReplayUnit = Literal["trajectory", "group"]
+# what a replay slot may take: any item with signal, only items with a positive advantage (unfilled
+# slots go back to on-policy groups), or positive items drawn again until the slots are full
 ReplaySlots = Literal["signal", "positive", "positive_repeat"]
 
 

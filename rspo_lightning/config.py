@@ -18,7 +18,6 @@ from rspo_lightning.serialization import checkpoint_safe
 #: ``choices.Estimator``); GROUP_RELATIVE, re-exported here, those among them whose baseline
 #: comes from the group's other episodes.
 KNOWN_ESTIMATORS = frozenset(ESTIMATORS)
-PENALTY_PLACEMENTS = choices.values(choices.PenaltyAt)
 
 
 def _as_dataclass(value: Any, cls: type, name: str) -> Any:

@@ -10,22 +10,11 @@ writes the episodes as trajectory JSONL into the run's folder
 from __future__ import annotations
 
 import os
-import warnings
-
-from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
 from rspo_lightning import metrics
 from rspo_lightning.distributed import merge_over_ranks
 from rspo_lightning.runtime import seed_rollout
 from rspo_lightning.types import IterationBatch, Trajectory
-
-# Lightning turns sync_dist off on a single device and then warns that it is off wherever
-# torch.distributed is initialised (a single-process vLLM engine does): about the held-out means
-# logged below, already all-rank, there is nothing to act on.
-SINGLE_PROCESS_SYNC_WARNING = (
-    r"It is recommended to use `self\.log\('(?:(?:val|test)[\w/]*|step)', \.\.\., sync_dist=True\)`"
-)
-warnings.filterwarnings("ignore", message=SINGLE_PROCESS_SYNC_WARNING, category=PossibleUserWarning)
 
 
 class HeldOutEpisodes:
@@ -73,7 +62,7 @@ class HeldOutEpisodes:
             return
         # the values are already means over every rank's episodes (merge_over_ranks): the all-rank
         # mean of identical values changes none of them (one process: Lightning drops sync_dist,
-        # SINGLE_PROCESS_SYNC_WARNING)
+        # runtime.LIGHTNING_NOTICES)
         for k, v in values.items():
             self.log(k, v, prog_bar=k == "val/success_rate", add_dataloader_idx=False, sync_dist=True)
         if values:

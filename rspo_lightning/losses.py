@@ -13,10 +13,6 @@ from torch import Tensor
 
 from rspo_lightning import choices
 
-AGGREGATIONS = choices.values(choices.LossAgg)
-KL_KINDS = choices.values(choices.KlEstimator)
-CLIP_MODES = choices.values(choices.ClipMode)  # the generalised clip's bounds (algorithm.clip_mode)
-
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean of ``x`` where ``mask`` is non-zero (``mask`` may be bool or float weights).
@@ -42,8 +38,7 @@ def aggregate(loss_mat: Tensor, mask: Tensor, agg: str = "token-mean") -> Tensor
     ``"seq-mean-token-sum"``: sum over each row's tokens, then mean over rows.
     The row means skip rows without response tokens; an all-empty batch gives 0.
     """
-    if agg not in AGGREGATIONS:
-        raise ValueError(f"agg must be one of {list(AGGREGATIONS)}, got {agg!r}")
+    choices.check("agg", agg, choices.LossAgg)
     if agg == "token-mean":
         return masked_mean(loss_mat, mask)
     mask = mask.to(loss_mat.dtype)
@@ -120,10 +115,8 @@ def clipped_surrogate(
         r = exp(logp - logp_old)), ``ratio_mean`` (mean of rho, the ratio to behaviour) and
         ``centre_mean`` (mean of the clip centre c after the ``max_centre`` cap; 1 on-policy).
     """
-    if agg not in AGGREGATIONS:
-        raise ValueError(f"agg must be one of {list(AGGREGATIONS)}, got {agg!r}")
-    if clip_mode not in CLIP_MODES:
-        raise ValueError(f"clip_mode must be one of {list(CLIP_MODES)}, got {clip_mode!r}")
+    choices.check("agg", agg, choices.LossAgg)
+    choices.check("clip_mode", clip_mode, choices.ClipMode)
     if max_centre is not None:
         is_number = isinstance(max_centre, (int, float)) and not isinstance(max_centre, bool)
         if not (is_number and max_centre > 0):
@@ -187,8 +180,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tens
     non-negative estimator). ``"low_var_kl"``: k3 clamped as verl does (log-ratio to [-20, 20],
     result to [-10, 10]).
     """
-    if kind not in KL_KINDS:
-        raise ValueError(f"kind must be one of {list(KL_KINDS)}, got {kind!r}")
+    choices.check("kind", kind, choices.KlEstimator)
     if kind == "k1":
         return logprobs - ref_logprobs
     diff = ref_logprobs - logprobs

@@ -1,8 +1,9 @@
-"""Old name of ``rspo_lightning.build`` (what AgentRLModule owns, built from its configs): renamed so that the file says what
-it holds (the note of issue 24); this module re-exports it, so code written against
-``rspo_lightning.models`` keeps working."""
+"""Old name of ``rspo_lightning.build`` (what AgentRLModule owns, built from its configs), renamed so that the file says what it
+holds (issue 24). Importing this name gives that very module, so code, pickles and monkeypatches
+written against ``rspo_lightning.models`` reach the objects in use."""
 
-from rspo_lightning.build import *  # noqa: F403
-from rspo_lightning.build import __dict__ as _moved
+import sys
 
-globals().update({k: v for k, v in _moved.items() if not k.startswith("__")})
+from rspo_lightning import build
+
+sys.modules[__name__] = build

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rspo_lightning.losses import AGGREGATIONS, clipped_surrogate
+from rspo_lightning import choices
+from rspo_lightning.losses import clipped_surrogate
 
 PARTNER_STRATEGIES = ("knn", "bucket", "random")
 PARTNER_WEIGHTINGS = ("uniform", "softmax")
@@ -165,8 +166,7 @@ def partner_loss(
         raise ValueError(
             f"weighting='softmax' weighs partners by similarity and needs strategy='knn', got {strategy!r}"
         )
-    if agg not in AGGREGATIONS:
-        raise ValueError(f"agg must be one of {list(AGGREGATIONS)}, got {agg!r}")
+    choices.check("agg", agg, choices.LossAgg)
     if num_partners < 1:
         raise ValueError(f"num_partners must be >= 1, got {num_partners}")
     if not 0.0 <= p_swap <= 1.0:

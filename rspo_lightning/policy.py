@@ -1,8 +1,9 @@
-"""Old name of ``rspo_lightning.language_model`` (the language model loader, value head and frozen copies): renamed so that the file says what
-it holds (the note of issue 24); this module re-exports it, so code written against
-``rspo_lightning.policy`` keeps working."""
+"""Old name of ``rspo_lightning.language_model`` (the language model loader, value head and frozen copies), renamed so that the file says what it
+holds (issue 24). Importing this name gives that very module, so code, pickles and monkeypatches
+written against ``rspo_lightning.policy`` reach the objects in use."""
 
-from rspo_lightning.language_model import *  # noqa: F403
-from rspo_lightning.language_model import __dict__ as _moved
+import sys
 
-globals().update({k: v for k, v in _moved.items() if not k.startswith("__")})
+from rspo_lightning import language_model
+
+sys.modules[__name__] = language_model

@@ -1,8 +1,9 @@
-"""Old name of ``rspo_lightning.runtime`` (the process-level utilities (frozen startup heap, rollout seeding)): renamed so that the file says what
-it holds (the note of issue 24); this module re-exports it, so code written against
-``rspo_lightning.process`` keeps working."""
+"""Old name of ``rspo_lightning.runtime`` (the process-level utilities (frozen startup heap, rollout seeding)), renamed so that the file says what it
+holds (issue 24). Importing this name gives that very module, so code, pickles and monkeypatches
+written against ``rspo_lightning.process`` reach the objects in use."""
 
-from rspo_lightning.runtime import *  # noqa: F403
-from rspo_lightning.runtime import __dict__ as _moved
+import sys
 
-globals().update({k: v for k, v in _moved.items() if not k.startswith("__")})
+from rspo_lightning import runtime
+
+sys.modules[__name__] = runtime

@@ -26,12 +26,6 @@ from rspo_lightning import choices
 from rspo_lightning.trajectory_io import trajectory_from_dict, trajectory_to_dict
 from rspo_lightning.types import TaskSpec, Trajectory
 
-SAMPLING = choices.values(choices.Sampling)
-UNITS = choices.values(choices.ReplayUnit)
-# What a replay slot may take: any item with signal (``signal``), only items with a positive
-# advantage (``positive``: unfilled slots go back to on-policy groups), or positive items drawn
-# again until the slots are full (``positive_repeat``).
-SLOTS = choices.values(choices.ReplaySlots)
 # Added to every weight so that no group has probability 0 and an all-equal buffer is uniform.
 WEIGHT_FLOOR = 1e-3
 

@@ -46,11 +46,15 @@ def seed_rollout(seed: int, iteration: int, purpose: str, rank: int = 0) -> None
 # Lightning notices that say nothing a user of AgentRLModule can act on, each filtered by its own
 # text only: the data module's IterableDataset has a length (for the progress bar; no worker
 # processes load it), the module moves batches itself (task specs and trajectories stay on the
-# CPU), and the policy sits in eval mode between updates (rollouts and scoring need it).
+# CPU), the policy sits in eval mode between updates (rollouts and scoring need it).
 LIGHTNING_NOTICES = (
     r"Your `IterableDataset` has `__len__` defined",
     r"You have overridden `transfer_batch_to_device` in `LightningModule` but have passed in a `LightningDataModule`",
     r"Found \d+ module\(s\) in eval mode at the start of training",
+    # Lightning turns sync_dist off on a single device and then warns that it is off wherever
+    # torch.distributed is initialised (a single-process vLLM engine does): about the held-out
+    # means evaluation.py logs, already all-rank, there is nothing to act on
+    r"It is recommended to use `self\.log\('(?:(?:val|test)[\w/]*|step)', \.\.\., sync_dist=True\)`",
 )
 for _notice in LIGHTNING_NOTICES:
     warnings.filterwarnings("ignore", message=_notice)

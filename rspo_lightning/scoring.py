@@ -1,8 +1,9 @@
-"""Old name of ``rspo_lightning.logprobs`` (log-probs of a batch (forward, chunked scoring, old and reference log-probs, critic values)): renamed so that the file says what
-it holds (the note of issue 24); this module re-exports it, so code written against
-``rspo_lightning.scoring`` keeps working."""
+"""Old name of ``rspo_lightning.logprobs`` (log-probs of a batch (forward, chunked scoring, old and reference log-probs, critic values)), renamed so that the file says what it
+holds (issue 24). Importing this name gives that very module, so code, pickles and monkeypatches
+written against ``rspo_lightning.scoring`` reach the objects in use."""
 
-from rspo_lightning.logprobs import *  # noqa: F403
-from rspo_lightning.logprobs import __dict__ as _moved
+import sys
 
-globals().update({k: v for k, v in _moved.items() if not k.startswith("__")})
+from rspo_lightning import logprobs
+
+sys.modules[__name__] = logprobs

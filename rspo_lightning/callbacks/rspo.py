@@ -186,12 +186,6 @@ def swap_to_outcome(group: Sequence[Trajectory]) -> list[Trajectory]:
     ]
 
 
-EXPLORER_REWARDS = choices.values(choices.ExplorerReward)
-REPLAY_FROM = choices.values(choices.ReplayFrom)
-BUFFER_FROM = choices.values(choices.BufferFrom)
-EXPLORER_CREDIT = choices.values(choices.ExplorerCredit)
-
-
 class RSPOLoop(pl.Callback):
     """The explore → collect → exploit loop of RSPO (arXiv 2607.04713).
 
