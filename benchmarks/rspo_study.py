@@ -115,6 +115,18 @@ class Run:
     config: str
     overrides: tuple[str, ...] = ()
     loop: int | None = None
+    k: int = 0  # A iterations per loop (RSPO)
+
+    def max_epochs(self, a_updates: int) -> int:
+        """An RSPO run stops at the end of the loop that brings A to ``a_updates`` updates (or at its
+        env-step budget, if that comes first): the next loop's points count in neither final (its
+        first new A comes past the budget x 1.05 in every setting here: 47-49k steps for the hard
+        setting's 40k), so running it costs a quarter of the run and changes no number. A base run
+        (and RSPO_H, one A update per iteration) runs to its budget."""
+        if self.loop is None:
+            return 1000
+        iterations = -(-a_updates // self.k) * self.loop
+        return -(-iterations // self.iterations_per_epoch)
 
     @property
     def iterations_per_epoch(self) -> int:
@@ -135,7 +147,7 @@ def base(*overrides: str, config: str = "configs/compare/grpo.yaml") -> Run:
 
 
 def rspo(*overrides: str, k: int = 3, collect: bool = True, config: str = "configs/compare/grpo_rspo.yaml") -> Run:
-    return Run(config, overrides, loop=2 * k + collect)
+    return Run(config, overrides, loop=2 * k + collect, k=k)
 
 
 def noisy(
@@ -241,7 +253,7 @@ def make_job(setting: str, run: str, seed: int, budget: int, val_tasks: int = 12
     overrides = (
         *(o.replace("{seed}", str(seed)) for o in spec.overrides),
         f"--data.env.kwargs={json.dumps(SETTINGS[setting])}",
-        "--trainer.max_epochs=1000",
+        f"--trainer.max_epochs={spec.max_epochs(DEFAULT_A_UPDATES.get(setting, 9))}",
         f"--data.iterations_per_epoch={spec.iterations_per_epoch}",
         f"--data.num_val_tasks={val_tasks}",
         *extra,
@@ -493,13 +505,21 @@ def curve_of(history: dict) -> list[dict]:
 ENV_SLACK = 0.05  # how far past the env-step budget a validation still counts (a base run's last iteration crosses it)
 
 
+def distinct_weights(curve: list[dict]) -> list[dict]:
+    """The last validation of each agent-A state: during B's phases A does not change, and common
+    random numbers make two validations of the same A score alike, so a second one is no new point
+    (an RSPO run validated at iterations 21 and 24 with 9 A updates at both counts once)."""
+    last = {p["a_updates"]: p for p in curve}
+    return [p for p in curve if last[p["a_updates"]] is p]
+
+
 def finals(curve: list[dict], a_updates: int, env_budget: int | None = None) -> dict:
     """Both axes' finals of a validation curve: ``env_steps``: the mean of its last two points at
     most ``env_budget`` x (1 + ENV_SLACK) environment steps in (an RSPO run goes on to the end of
     the loop that crosses the budget, up to a loop's steps past it: those points do not count, so
     RSPO is compared on at most the steps a base run used; None: every point);
     ``a_updates``: the mean of the last two points with at most ``a_updates`` agent-A updates
-    (all points if the run has fewer). Each: valid_seen, valid_unseen, env_steps and a_updates
+    (all points if the run has fewer). Both over ``distinct_weights``: the last two different As. Each: valid_seen, valid_unseen, env_steps and a_updates
     (at the later point), and the steps averaged."""
 
     def mean_of(points: list[dict]) -> dict:
@@ -519,8 +539,8 @@ def finals(curve: list[dict], a_updates: int, env_budget: int | None = None) -> 
             "steps": [p["step"] for p in points],
         }
 
-    within = [p for p in curve if p["a_updates"] <= a_updates]
-    spent = [p for p in curve if env_budget is None or p["env_steps"] <= env_budget * (1 + ENV_SLACK)]
+    within = distinct_weights([p for p in curve if p["a_updates"] <= a_updates])
+    spent = distinct_weights([p for p in curve if env_budget is None or p["env_steps"] <= env_budget * (1 + ENV_SLACK)])
     return {
         "env_steps": {**mean_of(spent[-2:]), "env_budget": env_budget},
         "a_updates": {**mean_of(within[-2:]), "a_updates_target": a_updates},

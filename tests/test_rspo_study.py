@@ -79,6 +79,31 @@ def test_finals_of_an_rspo_run_and_one_with_fewer_a_updates():
     assert f["a_updates"]["env_steps"] == 13000 and f["a_updates"]["a_updates"] == 3
 
 
+def test_finals_count_each_agent_a_once():
+    """RSPO validates every 3 iterations, also during B's phases, when A does not change: at 15 and
+    18 A has 6 updates, at 21 and 24 it has 9. The a_updates final is A after 6 and after 9 updates
+    (the last validation of each), as GRPO's is its validations at 6 and 9, not 9 twice."""
+    curve = [
+        _point(15, 26800, 6, 0.07, 0.05),
+        _point(18, 32500, 6, 0.07, 0.05),
+        _point(21, 37400, 9, 0.09, 0.07),
+        _point(24, 43100, 9, 0.09, 0.07),
+        _point(27, 48200, 11, 0.14, 0.10),
+    ]
+    f = study.finals(curve, a_updates=9, env_budget=40000)
+    assert f["a_updates"]["steps"] == [18, 24] and f["a_updates"]["valid_seen"] == pytest.approx((0.07 + 0.09) / 2)
+    assert f["env_steps"]["steps"] == [18, 21] and f["env_steps"]["valid_unseen"] == pytest.approx((0.05 + 0.07) / 2)
+
+
+def test_an_rspo_run_stops_at_the_loop_that_completes_its_a_updates():
+    # k = 3 with a collect iteration: 7 iterations per loop, 3 loops for 9 updates = 21 iterations
+    assert study.RUNS["grpo_rspo"].max_epochs(9) * study.BASE_VAL_EVERY == 21
+    # k = 5: 11 per loop, 2 loops = 22 iterations, rounded up to whole validation epochs (24)
+    assert study.RUNS["grpo_rspo_k5"].max_epochs(9) == 8
+    assert study.RUNS["grpo"].max_epochs(9) == study.RUNS["grpo_rspo_h"].max_epochs(9) == 1000  # to the budget
+    assert "--trainer.max_epochs=7" in study.make_job("hard", "grpo_rspo", 0, 40000).overrides
+
+
 def test_curve_and_diagnostics_of_a_history():
     train = {
         str(s): {
