@@ -506,11 +506,14 @@ ENV_SLACK = 0.05  # how far past the env-step budget a validation still counts (
 
 
 def distinct_weights(curve: list[dict]) -> list[dict]:
-    """The last validation of each agent-A state: during B's phases A does not change, and common
+    """The first validation of each agent-A state: during B's phases A does not change, and common
     random numbers make two validations of the same A score alike, so a second one is no new point
-    (an RSPO run validated at iterations 21 and 24 with 9 A updates at both counts once)."""
-    last = {p["a_updates"]: p for p in curve}
-    return [p for p in curve if last[p["a_updates"]] is p]
+    (an RSPO run validated at iterations 21 and 24 with 9 A updates at both counts once, at 21, the
+    environment steps it had taken when that A was made)."""
+    first: dict[int, dict] = {}
+    for p in curve:
+        first.setdefault(p["a_updates"], p)
+    return [p for p in curve if first[p["a_updates"]] is p]
 
 
 def finals(curve: list[dict], a_updates: int, env_budget: int | None = None) -> dict:
@@ -668,9 +671,11 @@ def table(
         f"{len(records)} runs. Budgets (environment steps, B's counted): "
         + ", ".join(f"{s} {b}" for s, b in dict.fromkeys((r["setting"], r["budget"]) for r in records))
         + ". "
-        "Final, axis `env_steps`: mean of each run's last two validations within the budget x 1.05 (an RSPO run "
+        "Each final averages the last two validations of distinct agent-A weights (a validation during B's phase "
+        "re-measures the A of the loop before and counts once). "
+        "Final, axis `env_steps`: within the budget x 1.05 (an RSPO run "
         "goes on to the end of the loop that crosses the budget; those points do not count). Axis `a_updates`: "
-        "mean of the last two validations with at most N agent-A updates ("
+        "with at most N agent-A updates ("
         + ", ".join(f"{s}: N = {n}" for s, n in n_by.items())
         + "). Mean ± std over seeds; "
         "Δ = paired difference vs grpo on the same seeds (mean ± std of the per-seed differences, n seeds). "

@@ -82,7 +82,7 @@ def test_finals_of_an_rspo_run_and_one_with_fewer_a_updates():
 def test_finals_count_each_agent_a_once():
     """RSPO validates every 3 iterations, also during B's phases, when A does not change: at 15 and
     18 A has 6 updates, at 21 and 24 it has 9. The a_updates final is A after 6 and after 9 updates
-    (the last validation of each), as GRPO's is its validations at 6 and 9, not 9 twice."""
+    (the first validation of each), as GRPO's is its validations at 6 and 9, not 9 twice."""
     curve = [
         _point(15, 26800, 6, 0.07, 0.05),
         _point(18, 32500, 6, 0.07, 0.05),
@@ -91,8 +91,8 @@ def test_finals_count_each_agent_a_once():
         _point(27, 48200, 11, 0.14, 0.10),
     ]
     f = study.finals(curve, a_updates=9, env_budget=40000)
-    assert f["a_updates"]["steps"] == [18, 24] and f["a_updates"]["valid_seen"] == pytest.approx((0.07 + 0.09) / 2)
-    assert f["env_steps"]["steps"] == [18, 21] and f["env_steps"]["valid_unseen"] == pytest.approx((0.05 + 0.07) / 2)
+    assert f["a_updates"]["steps"] == [15, 21] and f["a_updates"]["valid_seen"] == pytest.approx((0.07 + 0.09) / 2)
+    assert f["env_steps"]["steps"] == [15, 21] and f["env_steps"]["valid_unseen"] == pytest.approx((0.05 + 0.07) / 2)
 
 
 def test_an_rspo_run_stops_at_the_loop_that_completes_its_a_updates():
