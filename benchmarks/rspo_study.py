@@ -175,6 +175,7 @@ RUNS: dict[str, Run] = {
     "grpo_rspo_mixed": rspo(cb("explorer_reward", "outcome+dense"), cb("dense_scale", SHAPED_SCALE)),
     "grpo_rspo_group": rspo(cb("replay_unit", "group")),
     "grpo_rspo_tokens": rspo(cb("offline_weighting", "tokens")),
+    "grpo_rspo_signal": rspo(cb("offline_weighting", "signal")),  # adaptive α: the replay's share of the signal
     "grpo_rspo_online": rspo(cb("replay_baseline", "online")),
     "grpo_rspo_sampling_random": rspo(cb("sampling", "random")),
     "grpo_rspo_sampling_variance": rspo(cb("sampling", "variance")),

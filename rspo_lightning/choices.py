@@ -40,7 +40,8 @@ ReplayFrom = Literal["explorer", "history", "both"]
 BufferFrom = Literal["collect", "explore+collect"]
 ExplorerCredit = Literal["trajectory", "turn"]
 ReplayBaseline = Literal["collected", "online"]
-OfflineWeighting = Literal["alpha", "tokens"]
+# J = (1 - α) J_on + α J_off with the fixed α, one pooled token-mean, or α = the replay's share of the signal
+OfflineWeighting = Literal["alpha", "tokens", "signal"]
 Sampling = Literal["reward", "random", "variance"]
 ReplayUnit = Literal["trajectory", "group"]
 # what a replay slot may take: any item with signal, only items with a positive advantage (unfilled

@@ -207,12 +207,15 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
                 )
             train = self._with_advantages(train, result)
             den = update.denominators(train, self.algo.loss_agg, self.device)  # J's means count every row
+            alpha = update.iteration_alpha(batch.replay_weight, train, self.algo.loss_agg, self.device)
             probe, train = train, self._trained_rows(train)
             stats = {"samples": float(len(train))}
-            stats.update(update.replay_diagnostics(train, den, batch.replay_weight, self.algo.loss_agg))
+            stats.update(update.replay_diagnostics(train, den, alpha, self.algo.loss_agg))
+            if batch.replay and alpha is not None:
+                stats["rspo/alpha"] = alpha  # the α of this iteration's J (offline_weighting: signal sets it)
             if self._all_ranks(len(train)) > 0:
                 train, mismatch = self.score(train)
-                stats.update(self._update(train, batch.replay_weight, den), **mismatch)
+                stats.update(self._update(train, alpha, den), **mismatch)
             else:  # nothing trains (every advantage 0): the rollout diagnostic over rows played
                 stats.update(self._probe_mismatch(probe))
         self.iteration += 1

@@ -135,7 +135,8 @@ class IterationBatch:
         dense_scale: multiplier of the dense reward in ``dense`` / ``outcome+dense`` modes.
         replay_weight: α of J = (1 − α) J_on + α J_off: the on-policy and the replay rows of the
             iteration are normalised separately and combined with these weights; None pools all
-            rows under one normaliser (each part then weighs its token share).
+            rows under one normaliser (each part then weighs its token share); ``"signal"``: α is
+            resolved per iteration from the rows that carry signal (``update.iteration_alpha``).
         temperature: sampling (and scoring) temperature of this iteration's rollouts; None = the
             module's ``rollout.temperature`` (RSPO's explorer may set its own).
         credit: ``trajectory`` (the module's estimator) or ``turn`` (each turn's discounted
@@ -156,7 +157,7 @@ class IterationBatch:
         reward_mode: RewardMode = "outcome",
         policy_tag: PolicyTag = "A",
         dense_scale: float = 1.0,
-        replay_weight: float | None = None,
+        replay_weight: float | str | None = None,
         temperature: float | None = None,
         credit: str = "trajectory",
         credit_gamma: float = 0.9,

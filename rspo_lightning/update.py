@@ -101,6 +101,25 @@ class Denominators(NamedTuple):
         return step * w_on / max(self.on, 1.0), step * w_off / max(self.off, 1.0)
 
 
+SIGNAL = "signal"  # an IterationBatch.replay_weight that ``iteration_alpha`` resolves per iteration
+
+
+def iteration_alpha(
+    replay_weight: float | str | None, batch: TrainBatch, loss_agg: str, device: torch.device | str = "cpu"
+) -> float | None:
+    """The α of this iteration's J. A number or None is used as given; ``SIGNAL`` (RSPO's
+    ``offline_weighting: signal``) is the replayed rows' share of the iteration's signal-carrying
+    size: S_off / (S_on + S_off), S = the tokens (``token-mean``, else rows) of the rows with a
+    non-zero advantage, summed over ranks (``batch``: every row of the iteration, before the
+    drop). α so follows where the learning signal is: high while A's own groups rarely carry
+    any (hard tasks, all-failure groups), falling as they do. An iteration without signal: 0."""
+    if replay_weight != SIGNAL:
+        return replay_weight
+    signal = batch.select(torch.nonzero(batch.advantages != 0).flatten())
+    s_on, s_off = all_sum(list(loss_sizes(signal, loss_agg)), device)
+    return s_off / (s_on + s_off) if s_on + s_off > 0 else 0.0
+
+
 def denominators(batch: TrainBatch, loss_agg: str, device: torch.device | str = "cpu") -> Denominators:
     """``Denominators`` of ``batch`` (all the iteration's rows of this rank) over all ranks: one collective."""
     return Denominators(*all_sum([*loss_sizes(batch, loss_agg), float(len(batch))], device))

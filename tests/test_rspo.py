@@ -786,6 +786,35 @@ def test_replay_token_share_logged_is_the_hand_count_over_the_rows_trained(monke
     assert "rspo/replay_loss_share" in rec.rows[2]["metrics"] and "rspo/buffer_used_frac" in rec.rows[2]["metrics"]
 
 
+def test_signal_alpha_logged_is_the_hand_count_over_the_signal_carrying_rows(monkeypatch):
+    """``offline_weighting: signal``: A's iteration logs rspo/alpha = the replayed rows' share of
+    the trained tokens with a non-zero advantage (hand count over the rows actually trained). The
+    untrained tiny model wins nothing, so every row's advantage is set to -1, 0, 1, -1, 0, 1, ...
+    (whatever the estimator said): both parts then carry signal on some rows only."""
+    import dataclasses
+
+    torch.manual_seed(0)
+    m = _module()
+    loop = _loop(k=1, offline_ratio=0.25, offline_weighting="signal")
+    original = AgentRLModule._with_advantages
+
+    def patterned(batch, result):
+        out = original(batch, result)
+        return dataclasses.replace(out, advantages=(torch.arange(len(out)) % 3 - 1).float())
+
+    monkeypatch.setattr(AgentRLModule, "_with_advantages", staticmethod(patterned))
+    trained = _trained_batches(monkeypatch)
+    rec = Recorder()
+    _trainer([loop, rec], max_epochs=1).fit(m, _dm(ipe=3))  # explore, collect, exploit
+    batch = trained[-1]
+    signal = batch.advantages != 0
+    tokens = batch.response_mask.sum(-1).float() * signal
+    assert batch.is_replay.any() and bool(signal[batch.is_replay].any())
+    hand = float(tokens[batch.is_replay].sum() / tokens.sum())
+    assert 0 < hand < 1 and rec.rows[2]["metrics"]["rspo/alpha"] == pytest.approx(hand)
+    assert "rspo/alpha" not in rec.rows[0]["metrics"]  # B's explore iteration has no replay
+
+
 def test_explorer_levers_lr_scale_temperature_and_turn_credit_reach_b_only():
     torch.manual_seed(0)
     m = _module()

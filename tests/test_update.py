@@ -165,6 +165,22 @@ def test_replay_diagnostics_against_a_hand_count():
     assert update.replay_diagnostics(rows.select(torch.arange(4)), den, 0.125, "token-mean") == {}
 
 
+def test_signal_alpha_is_the_replays_share_of_the_signal_carrying_tokens():
+    """``offline_weighting: signal``: rows 0-3 on-policy (1, 2, 3, 4 tokens), rows 4-5 replayed
+    (1, 2 tokens). Advantages 1, 0, 0, -2 | 3, 0: signal tokens on-policy 1 + 4 = 5, replayed 1:
+    α = 1 / 6 under token-mean; by rows 2 and 1: α = 1 / 3. Fixed numbers and None pass through."""
+    rows = _hand_batch(4, 4, 2)
+    rows.advantages[:] = torch.tensor([1.0, 0.0, 0.0, -2.0, 3.0, 0.0])
+    assert update.iteration_alpha(update.SIGNAL, rows, "token-mean") == pytest.approx(1 / 6)
+    assert update.iteration_alpha(update.SIGNAL, rows, "seq-mean-token-mean") == pytest.approx(1 / 3)
+    rows.advantages[4] = 0.0  # the replay carries no signal: J is J_on alone
+    assert update.iteration_alpha(update.SIGNAL, rows, "token-mean") == 0.0
+    rows.advantages[:] = 0.0
+    assert update.iteration_alpha(update.SIGNAL, rows, "token-mean") == 0.0
+    assert update.iteration_alpha(0.125, rows, "token-mean") == 0.125
+    assert update.iteration_alpha(None, rows, "token-mean") is None
+
+
 # -- the update through a real tiny module (moved from test_module.py / test_rspo.py) ----------
 
 

@@ -57,6 +57,7 @@ from rspo_lightning.snapshot import (  # noqa: F401  (re-exported: the helpers a
     snapshot_trainable,
 )
 from rspo_lightning.types import Trajectory
+from rspo_lightning.update import SIGNAL
 
 PHASE_CODE = {"explore": 0.0, "collect": 1.0, "exploit": 2.0}
 
@@ -211,7 +212,10 @@ class RSPOLoop(pl.Callback):
             turn are never drawn) or ``online`` (A's own on-policy group on the same task in the
             iteration it is replayed: that group plays the replayed task, and the replay joins it).
         offline_weighting: ``alpha``: J = (1 − α) J_on + α J_off, each part the mean over the
-            iteration's rows of its kind (the paper's J); ``tokens``: one pooled token-mean.
+            iteration's rows of its kind (the paper's J); ``tokens``: one pooled token-mean;
+            ``signal`` (an adaptive α): the same J with α_t = the replayed rows' share of the
+            iteration's signal-carrying tokens (non-zero advantage), recomputed every iteration
+            (``update.iteration_alpha``; α still sets the replay slots). Logged as ``rspo/alpha``.
         buffer_from: which of B's episodes enter D: ``collect`` (the collect iteration's; the
             paper) or ``explore+collect`` (also every explore iteration's rollouts, relabelled
             with the outcome reward, with their behaviour log-probs and their advantage under A's
@@ -346,9 +350,10 @@ class RSPOLoop(pl.Callback):
         return self.replay_from == "history" or iterations_done % self.loop_length == 0
 
     @property
-    def replay_weight(self) -> float | None:
-        """α for the module's two-part loss, or None (pooled token-mean)."""
-        return self.offline_ratio if self.offline_weighting == "alpha" else None
+    def replay_weight(self) -> float | str | None:
+        """α for the module's two-part loss, None (pooled token-mean) or ``update.SIGNAL`` (α
+        resolved per iteration from its signal-carrying rows: ``update.iteration_alpha``)."""
+        return {"alpha": self.offline_ratio, "tokens": None, "signal": SIGNAL}[self.offline_weighting]
 
     def replay_for(
         self, iteration: int, total_groups: int, group_size: int, rank: int = 0, world_size: int = 1
@@ -447,7 +452,7 @@ class RSPOLoop(pl.Callback):
                 self.mix_into(batch, n, len(batch.tasks) * world, rank, world)
             batch.reward_mode, batch.policy_tag = "outcome", "A"
         weight = self.replay_weight
-        if weight is not None and phase == "exploit":
+        if isinstance(weight, float) and phase == "exploit":
             weight *= self._fill
         batch.replay_weight = weight
         replayed = sum(len(g) for g in batch.replay)
