@@ -660,6 +660,42 @@ def _shown(path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
+def per_seed_table(entries: list[dict], against: str = "grpo_rspo_h") -> list[str]:
+    """valid_seen finals per seed (``env steps axis / A updates axis``), a table per setting, and
+    each RSPO run's paired difference from ``against`` (RSPO_H) on the env-steps axis: target (1)
+    of issue 21 asks an explorer to beat both GRPO and RSPO_H."""
+    lines = []
+    for setting in dict.fromkeys(e["setting"] for e in entries):
+        es = [e for e in entries if e["setting"] == setting]
+        runs = list(dict.fromkeys(e["run"] for e in es))
+        cell = {(e["run"], e["seed"], e["axis"]): e["valid_seen"] for e in es}
+        lines += [
+            "",
+            f"{setting}: valid_seen finals per seed, env steps axis / A updates axis.",
+            "",
+            "| seed | " + " | ".join(runs) + " |",
+            "|" + "---|" * (1 + len(runs)),
+        ]
+        for seed in sorted({e["seed"] for e in es}):
+            row = [
+                f"{cell[(r, seed, 'env_steps')]:.3f} / {cell[(r, seed, 'a_updates')]:.3f}"
+                if (r, seed, "env_steps") in cell
+                else "–"
+                for r in runs
+            ]
+            lines.append(f"| {seed} | " + " | ".join(row) + " |")
+        if against in runs:
+            diffs = [
+                f"{r} {_ms(paired(entries, setting, r, 'env_steps', 'valid_seen', against), True)} "
+                f"(n={len(paired(entries, setting, r, 'env_steps', 'valid_seen', against))})"
+                for r in runs
+                if r not in (against, "grpo") and paired(entries, setting, r, "env_steps", "valid_seen", against)
+            ]
+            if diffs:
+                lines += ["", f"Paired vs {against}, env steps axis, valid_seen: " + ", ".join(diffs) + "."]
+    return lines
+
+
 def table(
     records: list[dict], entries: list[dict], a_updates: dict[str, int], records_dir="docs/data/rspo_study"
 ) -> list[str]:
@@ -697,6 +733,7 @@ def table(
                 f"{_ms([e['valid_seen'] for e in es])} | {_ms([e['valid_unseen'] for e in es])} | "
                 f"{_ms(d_seen, True)} | {_ms(d_unseen, True)} | {len(d_seen) or '–'} |"
             )
+    lines += per_seed_table(entries)
     cols = list(DIAGNOSTICS)
     lines += [
         "",

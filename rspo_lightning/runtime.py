@@ -55,6 +55,8 @@ LIGHTNING_NOTICES = (
     # torch.distributed is initialised (a single-process vLLM engine does): about the held-out
     # means evaluation.py logs, already all-rank, there is nothing to act on
     r"It is recommended to use `self\.log\('(?:(?:val|test)[\w/]*|step)', \.\.\., sync_dist=True\)`",
+    # Lightning's own pytree helper calls an API torch >= 2.10 deprecates: printed at every fit, nothing to act on
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
 )
 for _notice in LIGHTNING_NOTICES:
     warnings.filterwarnings("ignore", message=_notice)

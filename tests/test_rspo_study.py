@@ -95,6 +95,22 @@ def test_finals_count_each_agent_a_once():
     assert f["env_steps"]["steps"] == [15, 21] and f["env_steps"]["valid_unseen"] == pytest.approx((0.05 + 0.07) / 2)
 
 
+def test_per_seed_table_and_the_pairing_against_rspo_h():
+    def e(run, seed, axis, seen):
+        return {"setting": "hard", "run": run, "seed": seed, "axis": axis, "valid_seen": seen}
+
+    entries = [
+        e(run, seed, axis, v + seed / 100 + (0.5 if axis == "a_updates" else 0))
+        for run, v in (("grpo", 0.1), ("grpo_rspo_h", 0.2), ("grpo_rspo", 0.15))
+        for seed in (0, 1)
+        for axis in ("env_steps", "a_updates")
+    ]
+    lines = study.per_seed_table(entries)
+    assert "| 1 | 0.110 / 0.610 | 0.210 / 0.710 | 0.160 / 0.660 |" in lines
+    # grpo_rspo - grpo_rspo_h on the env-steps axis: -0.05 on both seeds
+    assert lines[-1] == "Paired vs grpo_rspo_h, env steps axis, valid_seen: grpo_rspo -0.050 ± 0.000 (n=2)."
+
+
 def test_an_rspo_run_stops_at_the_loop_that_completes_its_a_updates():
     # k = 3 with a collect iteration: 7 iterations per loop, 3 loops for 9 updates = 21 iterations
     assert study.RUNS["grpo_rspo"].max_epochs(9) * study.BASE_VAL_EVERY == 21
