@@ -210,7 +210,8 @@ QUICK_MAIN = ["grpo", "grpo_rspo"]
 ABLATIONS = [name for name in RUNS if name not in MAIN]
 DIAGNOSTICS = {  # table column: logged tag (mean over the iterations that log it)
     "repeat A": "rspo/repeat_visits_A",
-    "repeat B_j": "rollout_b*/repeat_visits",  # B's explore iterations j = 0..k-1 (a * pattern: every matching tag)
+    "repeat B_j": "rollout_b*/repeat_visits",
+    "repeat A late": "late:rollout/repeat_visits",  # every run (GRPO too), the last third of A's iterations  # B's explore iterations j = 0..k-1 (a * pattern: every matching tag)
     "A train success": "rollout/success_rate",
     "B train success": "rollout_b/success_rate",
     "A progress": "rollout/progress",
@@ -553,16 +554,20 @@ def finals(curve: list[dict], a_updates: int, env_budget: int | None = None) -> 
 
 def diagnostics(history: dict) -> dict[str, float]:
     """The mean of each ``DIAGNOSTICS`` tag over the iterations that log it (NaN where none does);
-    a tag with ``*`` takes the values of every matching tag."""
+    a tag with ``*`` takes the values of every matching tag; ``late:<tag>`` the last third of the
+    iterations that log ``<tag>`` (the paper's "late in training")."""
     out = {}
-    for tag in DIAGNOSTICS.values():
-        values = [
-            x
-            for v in history["train"].values()
-            for t, x in v.items()
-            if x is not None and (t == tag or ("*" in tag and fnmatch.fnmatchcase(t, tag)))
+    for key in DIAGNOSTICS.values():
+        tag = key.removeprefix("late:")
+        per_step = [
+            [x for t, x in v.items() if x is not None and (t == tag or ("*" in tag and fnmatch.fnmatchcase(t, tag)))]
+            for _, v in sorted(history["train"].items(), key=lambda kv: int(kv[0]))
         ]
-        out[tag] = sum(values) / len(values) if values else float("nan")
+        per_step = [xs for xs in per_step if xs]
+        if key.startswith("late:"):
+            per_step = per_step[len(per_step) - -(-len(per_step) // 3) :]
+        values = [x for xs in per_step for x in xs]
+        out[key] = sum(values) / len(values) if values else float("nan")
     return out
 
 

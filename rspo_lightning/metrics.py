@@ -46,10 +46,27 @@ class Stopwatch:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
 
 
+REPEAT_WINDOW = 4  # turns back that ``<prefix>/repeat_visits`` looks (RSPOLoop's exploration_window default)
+
+
+def repeat_visit_rate(trajectories: Sequence[Trajectory], window: int = REPEAT_WINDOW) -> float:
+    """Exploration metric: fraction of turns whose anchor already occurred in the previous
+    ``window`` turns of the same episode (lower = less looping; the paper's repeated visits of a
+    state within a window)."""
+    repeats = turns = 0
+    for traj in trajectories:
+        anchors = [t.anchor for t in traj.turns]
+        for i, a in enumerate(anchors):
+            repeats += a in anchors[max(0, i - window) : i]
+        turns += len(anchors)
+    return repeats / turns if turns else 0.0
+
+
 def rollout_metrics(trajectories: Sequence[Trajectory], prefix: str) -> dict[str, float]:
     """This rank's ``<prefix>/score``, ``episode_len``, ``invalid_rate``, ``dense_return``,
-    ``progress`` and ``success_rate/<task type>`` of the episodes played (the all-rank success
-    rate is the module's)."""
+    ``progress``, ``repeat_visits`` (``repeat_visit_rate``, every run: GRPO's looping beside
+    RSPO's) and ``success_rate/<task type>`` of the episodes played (the all-rank success rate is
+    the module's)."""
     n = len(trajectories)
     turns = sum(len(t.turns) for t in trajectories)
     values = {
@@ -58,6 +75,7 @@ def rollout_metrics(trajectories: Sequence[Trajectory], prefix: str) -> dict[str
         f"{prefix}/invalid_rate": sum(t.num_invalid for t in trajectories) / max(turns, 1),
         f"{prefix}/dense_return": sum(turn.dense_reward for t in trajectories for turn in t.turns) / n,
         f"{prefix}/progress": sum(t.turns[-1].progress if t.turns else t.initial_progress for t in trajectories) / n,
+        f"{prefix}/repeat_visits": repeat_visit_rate(trajectories),
     }
     by_type: dict[str, list[bool]] = {}
     for t in trajectories:

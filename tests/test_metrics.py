@@ -38,6 +38,8 @@ def test_rollout_metrics_by_hand():
     assert got["rollout/invalid_rate"] == pytest.approx(0.5)  # 2 invalid of 4 turns
     assert got["rollout/dense_return"] == pytest.approx(0.75)  # (3 x 0.5 + 0) / 2
     assert got["rollout/progress"] == pytest.approx(0.75)  # the last turn's: (1.0 + 0.5) / 2
+    # anchors are all "s": turns 2 and 3 of the first episode repeat one within 4 turns back; 2 of 4 turns
+    assert got["rollout/repeat_visits"] == pytest.approx(0.5)
     assert got["rollout/success_rate/pick_and_place"] == 1.0 and got["rollout/success_rate/heat"] == 0.0
 
 

@@ -139,6 +139,8 @@ def test_curve_and_diagnostics_of_a_history():
     assert [p["a_updates"] for p in study.curve_of(base)] == [0, 7]  # no RSPOLoop: A updates = iteration
     d = study.diagnostics(history)
     assert d["rollout/success_rate"] == pytest.approx(0.3)  # mean over the iterations that log it
+    late = {"train": {str(s): {"rollout/repeat_visits": s / 10} for s in range(1, 8)}}
+    assert study.diagnostics(late)["late:rollout/repeat_visits"] == pytest.approx((0.5 + 0.6 + 0.7) / 3)  # 5..7
     assert d["rspo/replay_frac"] == pytest.approx(1.5 / 7)
     assert d["rollout_b*/repeat_visits"] == pytest.approx(0.2)  # a pattern: every B_j's values
     assert math.isnan(d["rspo/buffer_wins"]) and set(d) == set(study.DIAGNOSTICS.values())

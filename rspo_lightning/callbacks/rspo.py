@@ -48,6 +48,7 @@ from typing import Any, Protocol, runtime_checkable
 import lightning.pytorch as pl
 
 from rspo_lightning import choices
+from rspo_lightning.metrics import repeat_visit_rate
 from rspo_lightning.replay import ReplayBuffer, mix_replay
 from rspo_lightning.snapshot import (  # noqa: F401  (re-exported: the helpers any RSPOAgent can use)
     _optimizers,
@@ -142,18 +143,6 @@ def check_length_neutral(source: Any, explorer_reward: str) -> None:
             "Use grounding_mode: penalty (the default: -grounding per invalid turn, the same per-turn contrast) or "
             "explorer_reward: outcome+dense"
         )
-
-
-def repeat_visit_rate(trajectories: Sequence[Trajectory], window: int) -> float:
-    """Exploration metric: fraction of turns whose anchor already occurred in the previous
-    ``window`` turns of the same episode (lower = less looping)."""
-    repeats = turns = 0
-    for traj in trajectories:
-        anchors = [t.anchor for t in traj.turns]
-        for i, a in enumerate(anchors):
-            repeats += a in anchors[max(0, i - window) : i]
-        turns += len(anchors)
-    return repeats / turns if turns else 0.0
 
 
 def round_half_up(x: float) -> int:
