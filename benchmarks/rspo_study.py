@@ -101,6 +101,7 @@ QUICK = {
 }
 SETTINGS = {"hard": HARD, "quickstart": QUICK}
 PROGRESS = "rspo_lightning.rewards.EnvProgressReward"
+PRM_DIR = "docs/data/rspo_study/prm/hard"  # benchmarks/prm_hard.py writes it; fits run in the repository root
 SHAPED_SCALE = 10  # the dense return (progress, at most 1 per episode) on the scale of the success reward (10)
 BASE_VAL_EVERY = 3  # iterations between two validations of a base (non-RSPO) run
 AXES = ("env_steps", "a_updates")
@@ -200,6 +201,13 @@ RUNS: dict[str, Run] = {
     "grpo_rspo_temp13": rspo(cb("explorer_temperature", 1.3)),
     "grpo_rspo_turn": rspo(cb("explorer_credit", "turn")),
     "grpo_rspo_persistent": rspo(cb("explorer_resync_every", 3)),  # B persists 3 loops, then B := A
+    # the paper's B: a learned process reward (SPA-RL's progress model) fitted on the hard setting's episodes
+    # by benchmarks/prm_hard.py, in place of progress deltas
+    "grpo_rspo_prm": rspo(
+        "--model.dense_reward=rspo_lightning.rewards.ProcessRewardModelReward",
+        f"--model.dense_reward.init_args.model={PRM_DIR}",
+        f"--model.dense_reward.init_args.max_steps={HARD['max_steps']}",
+    ),
     "gigpo": base(config="configs/compare/gigpo.yaml"),
     "gigpo_rspo": rspo(config="configs/compare/gigpo_rspo.yaml"),
     "ppo": base(config="configs/compare/ppo.yaml"),
