@@ -130,6 +130,9 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         self.configure_model()
         strategy = self.trainer.strategy
         check_run(self, self.trainer)
+        check = getattr(self.dense_reward, "check_tokenizer", None)  # a learned reward reads the policy's token ids
+        if check is not None:
+            check(self.tokenizer)
         if self.trainer.world_size > 1:  # every rank makes as many generate calls and turns as the busiest
             self.engine.lockstep = lambda calls: lockstep_count(calls, self.device)
             self.engine.synced_gpus = is_sharded(strategy)

@@ -214,6 +214,19 @@ class ProcessRewardModelReward:
             model = model.to(device)
         self.model = model.eval()
 
+    def check_tokenizer(self, tokenizer) -> None:
+        """The PRM reads the episodes' token ids, so the policy must tokenize as the PRM's
+        tokenizer does; the module calls this at setup (a mismatch would score garbage silently)."""
+        mine, theirs = self.model.tokenizer.get_vocab(), tokenizer.get_vocab()
+        if mine != theirs:
+            differ = len(set(mine.items()) ^ set(theirs.items()))
+            raise ValueError(
+                f"ProcessRewardModelReward: the PRM's tokenizer ({len(mine)} tokens) is not the policy's "
+                f"({len(theirs)} tokens; {differ} (token, id) pairs differ), and the PRM reads the policy's token ids. "
+                "Fit the PRM on episodes recorded by a policy with this tokenizer (the same model.policy.source, "
+                "or for `tiny` the same env and prompts), as README 'RSPO with a learned process reward' does"
+            )
+
     def turn_rewards(self, trajectory: Trajectory) -> list[float]:
         values = self.model.turn_values([trajectory])[0]
         return [

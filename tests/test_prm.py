@@ -169,6 +169,17 @@ def test_reward_adds_grounding_on_valid_turns_only(policy_dir, head):
     assert ProcessRewardModelReward(module, grounding=0.0).turn_rewards(episode) == pytest.approx([0.25] * 3)
 
 
+def test_reward_refuses_a_policy_whose_tokenizer_it_cannot_read(policy_dir, tiny_policy):
+    import copy
+
+    reward = ProcessRewardModelReward(make_module(policy_dir), max_steps=3)
+    reward.check_tokenizer(tiny_policy[1])  # the tokenizer the PRM's backbone was saved with: fine
+    other = copy.deepcopy(tiny_policy[1])
+    other.add_tokens(["zzz_not_in_the_prm_vocabulary"])
+    with pytest.raises(ValueError, match=r"not the policy's .*Fit the PRM on episodes recorded by a policy"):
+        reward.check_tokenizer(other)
+
+
 def _head_2x2(kind):
     """A ProgressHead on H = 2 whose first Linear (mlp_tanh) is the identity with bias 0."""
     head = ProgressHead(2, kind=kind, head_hidden=2)
