@@ -587,11 +587,14 @@ def build_record(
     train = {int(k): v for k, v in history["train"].items()}
     last = max(train, default=0)
     walls = []
-    for a in attempts:  # a killed attempt has no wall_s: until its log was last written
+    for i, a in enumerate(attempts):  # an attempt whose runner was killed has no wall_s
         if a.get("wall_s") is not None:
             walls.append(a["wall_s"])
-        elif rd is not None and (rd / a["log"]).exists():
-            walls.append(max((rd / a["log"]).stat().st_mtime - a["started"], 0.0))
+        elif rd is not None:  # until its log (or, for the last attempt, the history it finished) was last written
+            files = [rd / a["log"]] + ([rd / "history.json"] if i == len(attempts) - 1 else [])
+            ends = [f.stat().st_mtime for f in files if f.exists()]
+            if ends:
+                walls.append(max(max(ends) - a["started"], 0.0))
     n = DEFAULT_A_UPDATES.get(job.setting, 9) if a_updates is None else a_updates
     return {
         "setting": job.setting,
