@@ -28,6 +28,7 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from rspo_lightning import runtime  # noqa: F401  (filters Lightning's notices for every command, SFT and PRM fits too)
 from rspo_lightning.callbacks import IterationProgressBar, TranscriptLogger
 from rspo_lightning.checkpointing import CheckpointError, IterationCheckpoint, load_checkpoint_file, other_checkpoints
 
