@@ -11,8 +11,10 @@ Steps (README "RSPO with a learned process reward", on the study's hard setting)
    lost), and as many on the valid_seen tasks (never seen by the PRM fit);
 2. fit ``configs/household/prm.yaml`` on the train episodes;
 3. rank the held-out valid_seen episodes by the PRM's predicted return Σ_t c_t: ROC AUC of won
-   against lost, Pearson correlation with the final subgoal progress, and the same for the
-   turn count (a length-only predictor, the baseline a PRM must beat);
+   against lost, Pearson correlation with the final subgoal progress over all episodes and over
+   the lost ones alone (good and bad failures: what B's dense reward must tell apart), and the
+   same for minus the turn count (a length-only predictor: a win ends the episode early, so it
+   is the baseline a PRM must beat);
 4. check that a fresh tiny policy of the setting (what every study run starts from) has the
    tokenizer the PRM reads (the PRM reads the episodes' token ids);
 5. copy the PRM to ``--prm-out`` (tracked, ~1 MB) and write ``--record``.
@@ -82,13 +84,21 @@ def rank(prm_dir: Path, episodes: list) -> dict:
     def auc(scores):
         return roc_auc([s for s, w in zip(scores, won) if w], [s for s, w in zip(scores, won) if not w])
 
+    lost = [i for i, w in enumerate(won) if not w]  # what a dense reward must tell apart: good and bad failures
+
+    def lost_corr(scores):
+        return pearson([scores[i] for i in lost], [progress[i] for i in lost])
+
     return {
         "episodes": len(episodes),
         "won": sum(won),
         "prm_auc": auc(predicted),
         "prm_progress_corr": pearson(predicted, progress),
+        "prm_lost_progress_corr": lost_corr(predicted),
         "length_auc": auc(length),
         "length_progress_corr": pearson(length, progress),
+        "length_lost_progress_corr": lost_corr(length),
+        "lost_mean_turns": sum(len(episodes[i].turns) for i in lost) / max(len(lost), 1),
     }
 
 
@@ -99,11 +109,14 @@ def same_tokenizer(prm_dir: Path) -> bool:
     from transformers import AutoTokenizer
 
     from rspo_lightning.build import build_models
-    from rspo_lightning.config import AlgorithmConfig, CriticConfig, EnvConfig, PolicyConfig, RolloutConfig
+    from rspo_lightning.config import AlgorithmConfig, EnvConfig, PolicyConfig
+    from rspo_lightning.critic import CriticConfig
+    from rspo_lightning.language_model import TinyModelConfig
+    from rspo_lightning.rollout import RolloutConfig
 
     model = yaml.safe_load((ROOT / "configs/compare/grpo.yaml").read_text())["model"]
     fresh = build_models(
-        PolicyConfig(**model["policy"]),
+        PolicyConfig(source="tiny", tiny=TinyModelConfig(**model["policy"]["tiny"])),
         AlgorithmConfig(estimator="grpo"),
         CriticConfig(),
         RolloutConfig(**model.get("rollout", {})),
@@ -161,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         "fit_summary": fit_line,
         "held_out_valid_seen": rank(prm_dir, episodes),
         "fresh_tiny_policy_same_tokenizer": same_tokenizer(prm_dir),
-        "wall_s": time.time() - t0,
+        "wall_s_this_invocation": time.time() - t0,  # steps already done (files in --work) are skipped
     }
     out = (ROOT / args.prm_out).resolve()
     if out.exists():
@@ -169,6 +182,9 @@ def main(argv: list[str] | None = None) -> None:
     shutil.copytree(prm_dir, out)
     rec = (ROOT / args.record).resolve()
     rec.parent.mkdir(parents=True, exist_ok=True)
+    record["held_out_valid_seen"] = {
+        k: (None if v != v else v) for k, v in record["held_out_valid_seen"].items()
+    }  # NaN
     rec.write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record, indent=1))
 
