@@ -180,8 +180,7 @@ def test_no_sync_dist_warning_where_torch_distributed_is_initialised(tmp_path):
 import sys, warnings, torch.distributed as dist
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", world_size=1, rank=0)
 from rspo_lightning.cli import main
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as caught:  # the filters in force: what a user would be shown
     main(["fit", *{TINY!r}, "--trainer.default_root_dir", {str(tmp_path)!r}])
 print("SYNC_DIST_WARNINGS", sum("sync_dist" in str(w.message) for w in caught))
 """
