@@ -89,7 +89,7 @@ def rank(prm_dir: Path, episodes: list) -> dict:
     def lost_corr(scores):
         return pearson([scores[i] for i in lost], [progress[i] for i in lost])
 
-    return {
+    result = {
         "episodes": len(episodes),
         "won": sum(won),
         "prm_auc": auc(predicted),
@@ -100,6 +100,7 @@ def rank(prm_dir: Path, episodes: list) -> dict:
         "length_lost_progress_corr": lost_corr(length),
         "lost_mean_turns": sum(len(episodes[i].turns) for i in lost) / max(len(lost), 1),
     }
+    return {k: None if v != v else v for k, v in result.items()}  # NaN (e.g. a constant score) as JSON null
 
 
 def same_tokenizer(prm_dir: Path) -> bool:
@@ -164,12 +165,12 @@ def main(argv: list[str] | None = None) -> None:
             log=work / "fit.log",
         )
     fit_line = next((ln for ln in (work / "fit.log").read_text().splitlines() if ln.startswith("prm:")), "")
-    episodes = load_trajectories(str(held))
+    episodes, fitted_on = load_trajectories(str(held)), load_trajectories(str(train))
     record = {
         "setting": "hard",
         "ckpt": str(args.ckpt),
-        "train_episodes": len(load_trajectories(str(train))),
-        "train_won": sum(t.success for t in load_trajectories(str(train))),
+        "train_episodes": len(fitted_on),
+        "train_won": sum(t.success for t in fitted_on),
         "fit_epochs": args.epochs,
         "fit_summary": fit_line,
         "held_out_valid_seen": rank(prm_dir, episodes),
@@ -182,9 +183,6 @@ def main(argv: list[str] | None = None) -> None:
     shutil.copytree(prm_dir, out)
     rec = (ROOT / args.record).resolve()
     rec.parent.mkdir(parents=True, exist_ok=True)
-    record["held_out_valid_seen"] = {
-        k: (None if v != v else v) for k, v in record["held_out_valid_seen"].items()
-    }  # NaN
     rec.write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record, indent=1))
 

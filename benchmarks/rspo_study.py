@@ -218,8 +218,8 @@ QUICK_MAIN = ["grpo", "grpo_rspo"]
 ABLATIONS = [name for name in RUNS if name not in MAIN]
 DIAGNOSTICS = {  # table column: logged tag (mean over the iterations that log it)
     "repeat A": "rspo/repeat_visits_A",
-    "repeat B_j": "rollout_b*/repeat_visits",
-    "repeat A late": "late:rollout/repeat_visits",  # every run (GRPO too), the last third of A's iterations  # B's explore iterations j = 0..k-1 (a * pattern: every matching tag)
+    "repeat B_j": "rollout_b*/repeat_visits",  # B's explore iterations j = 0..k-1 (a * pattern: every matching tag)
+    "repeat A late": "late:rollout/repeat_visits",  # every run (GRPO too), the last third of A's iterations
     "A train success": "rollout/success_rate",
     "B train success": "rollout_b/success_rate",
     "A progress": "rollout/progress",
@@ -532,8 +532,9 @@ def finals(curve: list[dict], a_updates: int, env_budget: int | None = None) -> 
     the loop that crosses the budget, up to a loop's steps past it: those points do not count, so
     RSPO is compared on at most the steps a base run used; None: every point);
     ``a_updates``: the mean of the last two points with at most ``a_updates`` agent-A updates
-    (all points if the run has fewer). Both over ``distinct_weights``: the last two different As. Each: valid_seen, valid_unseen, env_steps and a_updates
-    (at the later point), and the steps averaged."""
+    (all points if the run has fewer). Both count each agent A once (``distinct_weights``).
+    Each: valid_seen, valid_unseen, env_steps and a_updates (at the later point), and the steps
+    averaged."""
 
     def mean_of(points: list[dict]) -> dict:
         if not points:
@@ -565,15 +566,16 @@ def diagnostics(history: dict) -> dict[str, float]:
     a tag with ``*`` takes the values of every matching tag; ``late:<tag>`` the last third of the
     iterations that log ``<tag>`` (the paper's "late in training")."""
     out = {}
+    steps = [v for _, v in sorted(history["train"].items(), key=lambda kv: int(kv[0]))]
     for key in DIAGNOSTICS.values():
         tag = key.removeprefix("late:")
         per_step = [
             [x for t, x in v.items() if x is not None and (t == tag or ("*" in tag and fnmatch.fnmatchcase(t, tag)))]
-            for _, v in sorted(history["train"].items(), key=lambda kv: int(kv[0]))
+            for v in steps
         ]
         per_step = [xs for xs in per_step if xs]
         if key.startswith("late:"):
-            per_step = per_step[len(per_step) - -(-len(per_step) // 3) :]
+            per_step = per_step[len(per_step) - math.ceil(len(per_step) / 3) :]
         values = [x for xs in per_step for x in xs]
         out[key] = sum(values) / len(values) if values else float("nan")
     return out
@@ -701,12 +703,8 @@ def per_seed_table(entries: list[dict], against: str = "grpo_rspo_h") -> list[st
             ]
             lines.append(f"| {seed} | " + " | ".join(row) + " |")
         if against in runs:
-            diffs = [
-                f"{r} {_ms(paired(entries, setting, r, 'env_steps', 'valid_seen', against), True)} "
-                f"(n={len(paired(entries, setting, r, 'env_steps', 'valid_seen', against))})"
-                for r in runs
-                if r not in (against, "grpo") and paired(entries, setting, r, "env_steps", "valid_seen", against)
-            ]
+            by_run = {r: paired(entries, setting, r, "env_steps", "valid_seen", against) for r in runs}
+            diffs = [f"{r} {_ms(d, True)} (n={len(d)})" for r, d in by_run.items() if r not in (against, "grpo") and d]
             if diffs:
                 lines += ["", f"Paired vs {against}, env steps axis, valid_seen: " + ", ".join(diffs) + "."]
     return lines
