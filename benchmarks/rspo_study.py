@@ -3,8 +3,8 @@ at EQUAL environment steps (B's exploration and collection steps counted) and at
 updates, in a hard-exploration Household setting and in the quickstart setting. Resumable.
 
     pip install -e ".[bench]"
-    # the full study: hard x (grpo grpo_shaped grpo_rspo grpo_rspo_h grpo_rspo_o) x seeds 0-4,
-    # quickstart x (grpo grpo_rspo) x seeds 0-4, hard x every ablation x seeds 0 1
+    # the full study: hard x (grpo grpo_shaped grpo_rspo grpo_rspo_h grpo_rspo_combo grpo_rspo_o) x seeds 0-4,
+    # quickstart x (grpo grpo_rspo_h grpo_rspo_combo) x seeds 0-4, hard x every ablation x seeds 0 1
     python benchmarks/rspo_study.py --jobs 2
     # a part of it: --plan SETTING:RUN[,RUN...]:SEEDS (seeds 0-4, 0,2,3 or 1), replacing the lists below
     python benchmarks/rspo_study.py --plan hard:grpo,grpo_rspo:0-4 quickstart:grpo:0-2
@@ -170,8 +170,11 @@ RUNS: dict[str, Run] = {
     # RSPO_H: no B, D = A's own previous groups; every iteration is A's, so it validates every 3 like a base run
     "grpo_rspo_h": Run("configs/compare/grpo_rspo.yaml", (cb("replay_from", "history"),)),
     "grpo_rspo_o": rspo(cb("explorer_reward", "outcome")),  # RSPO_O: B on the outcome reward
-    # the best explorer configuration of the seed-0 screening (docs/rspo_study.md): slots only for positive-advantage items
-    "grpo_rspo_best": rspo(cb("replay_slots", "positive")),
+    # the best explorer configuration measured (docs/rspo_study.md, 5 seeds): the screening's levers together,
+    # D = all of B's episodes plus A's own recent groups, slots for wins only
+    "grpo_rspo_combo": rspo(
+        cb("replay_from", "both"), cb("buffer_from", "explore+collect"), cb("replay_slots", "positive")
+    ),
     # -- ablations of the defaults (--ablation-seeds) --
     "grpo_rspo_mixed": rspo(cb("explorer_reward", "outcome+dense"), cb("dense_scale", SHAPED_SCALE)),
     "grpo_rspo_group": rspo(cb("replay_unit", "group")),
@@ -193,10 +196,6 @@ RUNS: dict[str, Run] = {
     "grpo_rspo_positive": rspo(cb("replay_slots", "positive")),
     "grpo_rspo_positive_repeat": rspo(cb("replay_slots", "positive_repeat")),
     "grpo_rspo_both": rspo(cb("replay_from", "both")),
-    # the screening's levers together: D = all of B's episodes plus A's own recent groups, slots for wins only
-    "grpo_rspo_combo": rspo(
-        cb("replay_from", "both"), cb("buffer_from", "explore+collect"), cb("replay_slots", "positive")
-    ),
     "grpo_rspo_lr2": rspo(cb("explorer_lr_scale", 2.0)),
     "grpo_rspo_temp13": rspo(cb("explorer_temperature", 1.3)),
     "grpo_rspo_turn": rspo(cb("explorer_credit", "turn")),
@@ -213,8 +212,8 @@ RUNS: dict[str, Run] = {
     "ppo": base(config="configs/compare/ppo.yaml"),
     "ppo_rspo": rspo(config="configs/compare/ppo_rspo.yaml"),
 }
-MAIN = ["grpo", "grpo_shaped", "grpo_rspo", "grpo_rspo_h", "grpo_rspo_best", "grpo_rspo_o"]
-QUICK_MAIN = ["grpo", "grpo_rspo"]
+MAIN = ["grpo", "grpo_shaped", "grpo_rspo", "grpo_rspo_h", "grpo_rspo_combo", "grpo_rspo_o"]
+QUICK_MAIN = ["grpo", "grpo_rspo_h", "grpo_rspo_combo"]  # the quickstart contrast: GRPO, RSPO_H, the best RSPO
 ABLATIONS = [name for name in RUNS if name not in MAIN]
 DIAGNOSTICS = {  # table column: logged tag (mean over the iterations that log it)
     "repeat A": "rspo/repeat_visits_A",
