@@ -677,35 +677,42 @@ def _shown(path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def per_seed_table(entries: list[dict], against: str = "grpo_rspo_h") -> list[str]:
-    """valid_seen finals per seed (``env steps axis / A updates axis``), a table per setting, and
-    each RSPO run's paired difference from ``against`` (RSPO_H) on the env-steps axis: target (1)
-    of issue 21 asks an explorer to beat both GRPO and RSPO_H."""
+PAIRED_AGAINST = (("grpo_rspo", "a_updates"), ("grpo_rspo_h", "env_steps"))
+
+
+def per_seed_table(entries: list[dict], against=PAIRED_AGAINST) -> list[str]:
+    """valid_seen finals per seed (``env steps axis / A updates axis``), a row per run and a table
+    per setting, with each run's paired difference (mean ± std over the shared seeds) from each
+    ``(run, axis)`` of ``against``: the paper's RSPO on its own axis (the ablations), RSPO_H at
+    equal environment steps (target (1) of issue 21 asks an explorer to beat GRPO and RSPO_H)."""
     lines = []
     for setting in dict.fromkeys(e["setting"] for e in entries):
         es = [e for e in entries if e["setting"] == setting]
         runs = list(dict.fromkeys(e["run"] for e in es))
+        seeds = sorted({e["seed"] for e in es})
+        refs = [(r, axis) for r, axis in against if r in runs]
         cell = {(e["run"], e["seed"], e["axis"]): e["valid_seen"] for e in es}
         lines += [
             "",
-            f"{setting}: valid_seen finals per seed, env steps axis / A updates axis.",
+            f"{setting}: valid_seen finals per seed (env steps axis / A updates axis) and paired differences.",
             "",
-            "| seed | " + " | ".join(runs) + " |",
-            "|" + "---|" * (1 + len(runs)),
+            "| run | "
+            + " | ".join(f"seed {s}" for s in seeds)
+            + "".join(f" | Δ vs {r} ({axis.replace('_', ' ')})" for r, axis in refs)
+            + " |",
+            "|" + "---|" * (1 + len(seeds) + len(refs)),
         ]
-        for seed in sorted({e["seed"] for e in es}):
+        for run in runs:
             row = [
-                f"{cell[(r, seed, 'env_steps')]:.3f} / {cell[(r, seed, 'a_updates')]:.3f}"
-                if (r, seed, "env_steps") in cell
+                f"{cell[(run, s, 'env_steps')]:.3f} / {cell[(run, s, 'a_updates')]:.3f}"
+                if (run, s, "env_steps") in cell
                 else "–"
-                for r in runs
+                for s in seeds
             ]
-            lines.append(f"| {seed} | " + " | ".join(row) + " |")
-        if against in runs:
-            by_run = {r: paired(entries, setting, r, "env_steps", "valid_seen", against) for r in runs}
-            diffs = [f"{r} {_ms(d, True)} (n={len(d)})" for r, d in by_run.items() if r not in (against, "grpo") and d]
-            if diffs:
-                lines += ["", f"Paired vs {against}, env steps axis, valid_seen: " + ", ".join(diffs) + "."]
+            for ref, axis in refs:
+                d = [] if run == ref else paired(entries, setting, run, axis, "valid_seen", ref)
+                row.append(f"{_ms(d, True)} (n={len(d)})" if d else "–")
+            lines.append(f"| {run} | " + " | ".join(row) + " |")
     return lines
 
 

@@ -95,7 +95,7 @@ def test_finals_count_each_agent_a_once():
     assert f["env_steps"]["steps"] == [15, 21] and f["env_steps"]["valid_unseen"] == pytest.approx((0.05 + 0.07) / 2)
 
 
-def test_per_seed_table_and_the_pairing_against_rspo_h():
+def test_per_seed_table_and_the_paired_differences():
     def e(run, seed, axis, seen):
         return {"setting": "hard", "run": run, "seed": seed, "axis": axis, "valid_seen": seen}
 
@@ -104,11 +104,15 @@ def test_per_seed_table_and_the_pairing_against_rspo_h():
         for run, v in (("grpo", 0.1), ("grpo_rspo_h", 0.2), ("grpo_rspo", 0.15))
         for seed in (0, 1)
         for axis in ("env_steps", "a_updates")
-    ]
+    ] + [e("grpo_rspo_k5", 1, "env_steps", 0.3), e("grpo_rspo_k5", 1, "a_updates", 0.4)]
     lines = study.per_seed_table(entries)
-    assert "| 1 | 0.110 / 0.610 | 0.210 / 0.710 | 0.160 / 0.660 |" in lines
-    # grpo_rspo - grpo_rspo_h on the env-steps axis: -0.05 on both seeds
-    assert lines[-1] == "Paired vs grpo_rspo_h, env steps axis, valid_seen: grpo_rspo -0.050 ± 0.000 (n=2)."
+    assert "| run | seed 0 | seed 1 | Δ vs grpo_rspo (a updates) | Δ vs grpo_rspo_h (env steps) |" in lines
+    # grpo vs grpo_rspo on the A-updates axis: (0.60 - 0.65, 0.61 - 0.66) = -0.05 twice; vs RSPO_H at
+    # equal env steps: 0.10 - 0.20 and 0.11 - 0.21 = -0.10 twice
+    assert "| grpo | 0.100 / 0.600 | 0.110 / 0.610 | -0.050 ± 0.000 (n=2) | -0.100 ± 0.000 (n=2) |" in lines
+    assert "| grpo_rspo | 0.150 / 0.650 | 0.160 / 0.660 | – | -0.050 ± 0.000 (n=2) |" in lines
+    # one shared seed (1): 0.40 - 0.66 = -0.26 by A updates, 0.30 - 0.21 = +0.09 by env steps
+    assert "| grpo_rspo_k5 | – | 0.300 / 0.400 | -0.260 ± 0.000 (n=1) | +0.090 ± 0.000 (n=1) |" in lines
 
 
 def test_an_rspo_run_stops_at_the_loop_that_completes_its_a_updates():
