@@ -81,6 +81,11 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         self.estimator = adv.ESTIMATORS[algorithm.estimator]
         if self.estimator.needs_dense and dense_reward is None:
             raise ValueError(f"algorithm.estimator: {algorithm.estimator} needs a per-turn signal: {DENSE_HINT}")
+        if not val_temperature > 0:  # transformers' sampler refuses 0 only at the first validation
+            raise ValueError(
+                f"model.val_temperature must be > 0, got {val_temperature}; for argmax validation set"
+                " model.val_greedy: true (logged as val/greedy_success_rate beside the sampled one)"
+            )
         self.val_temperature, self.val_greedy, self.seed, self.predict_path = (
             val_temperature,
             val_greedy,

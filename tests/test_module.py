@@ -111,6 +111,12 @@ def test_skipped_steps_are_counted_and_logged_by_the_module(monkeypatch):
     assert float(trainer.callback_metrics["train/skipped_steps"]) == m.skipped_steps
 
 
+def test_a_zero_validation_temperature_fails_at_construction_and_names_val_greedy():
+    for t in (0.0, -0.5):
+        with pytest.raises(ValueError, match=rf"val_temperature must be > 0, got {t}.*val_greedy: true"):
+            AgentRLModule(policy=PolicyConfig(tiny=TINY), env=ENV, val_temperature=t)
+
+
 def test_a2tgpo_needs_a_dense_reward_and_gets_progress_signals(monkeypatch):
     with pytest.raises(ValueError, match="a2tgpo needs a per-turn signal.*EnvProgressReward"):
         AgentRLModule(policy=PolicyConfig(tiny=TINY), env=ENV, algorithm=AlgorithmConfig(estimator="a2tgpo"))
