@@ -680,11 +680,17 @@ def _shown(path) -> str:
 PAIRED_AGAINST = (("grpo_rspo", "a_updates"), ("grpo_rspo_h", "env_steps"))
 
 
+def base_of(run: str) -> str | None:
+    """The base algorithm an RSPO run is built on (``gigpo_rspo`` -> ``gigpo``), None for a base run."""
+    return run.split("_rspo")[0] if "_rspo" in run else None
+
+
 def per_seed_table(entries: list[dict], against=PAIRED_AGAINST) -> list[str]:
     """valid_seen finals per seed (``env steps axis / A updates axis``), a row per run and a table
     per setting, with each run's paired difference (mean ± std over the shared seeds) from each
     ``(run, axis)`` of ``against``: the paper's RSPO on its own axis (the ablations), RSPO_H at
-    equal environment steps (target (1) of issue 21 asks an explorer to beat GRPO and RSPO_H)."""
+    equal environment steps (target (1) of issue 21 asks an explorer to beat GRPO and RSPO_H); and
+    each RSPO run's difference from its own base algorithm (:func:`base_of`) on both axes."""
     lines = []
     for setting in dict.fromkeys(e["setting"] for e in entries):
         es = [e for e in entries if e["setting"] == setting]
@@ -699,8 +705,8 @@ def per_seed_table(entries: list[dict], against=PAIRED_AGAINST) -> list[str]:
             "| run | "
             + " | ".join(f"seed {s}" for s in seeds)
             + "".join(f" | Δ vs {r} ({axis.replace('_', ' ')})" for r, axis in refs)
-            + " |",
-            "|" + "---|" * (1 + len(seeds) + len(refs)),
+            + " | Δ vs its base (env steps / A updates) |",
+            "|" + "---|" * (2 + len(seeds) + len(refs)),
         ]
         for run in runs:
             row = [
@@ -712,6 +718,9 @@ def per_seed_table(entries: list[dict], against=PAIRED_AGAINST) -> list[str]:
             for ref, axis in refs:
                 d = [] if run == ref else paired(entries, setting, run, axis, "valid_seen", ref)
                 row.append(f"{_ms(d, True)} (n={len(d)})" if d else "–")
+            b = base_of(run)
+            d_env, d_upd = [paired(entries, setting, run, axis, "valid_seen", b) for axis in AXES] if b else ([], [])
+            row.append(f"{b}: {_ms(d_env, True)} / {_ms(d_upd, True)} (n={len(d_env)})" if d_env else "–")
             lines.append(f"| {run} | " + " | ".join(row) + " |")
     return lines
 

@@ -106,13 +106,18 @@ def test_per_seed_table_and_the_paired_differences():
         for axis in ("env_steps", "a_updates")
     ] + [e("grpo_rspo_k5", 1, "env_steps", 0.3), e("grpo_rspo_k5", 1, "a_updates", 0.4)]
     lines = study.per_seed_table(entries)
-    assert "| run | seed 0 | seed 1 | Δ vs grpo_rspo (a updates) | Δ vs grpo_rspo_h (env steps) |" in lines
+    head = "| run | seed 0 | seed 1 | Δ vs grpo_rspo (a updates) | Δ vs grpo_rspo_h (env steps) |"
+    assert head + " Δ vs its base (env steps / A updates) |" in lines
     # grpo vs grpo_rspo on the A-updates axis: (0.60 - 0.65, 0.61 - 0.66) = -0.05 twice; vs RSPO_H at
-    # equal env steps: 0.10 - 0.20 and 0.11 - 0.21 = -0.10 twice
-    assert "| grpo | 0.100 / 0.600 | 0.110 / 0.610 | -0.050 ± 0.000 (n=2) | -0.100 ± 0.000 (n=2) |" in lines
-    assert "| grpo_rspo | 0.150 / 0.650 | 0.160 / 0.660 | – | -0.050 ± 0.000 (n=2) |" in lines
-    # one shared seed (1): 0.40 - 0.66 = -0.26 by A updates, 0.30 - 0.21 = +0.09 by env steps
-    assert "| grpo_rspo_k5 | – | 0.300 / 0.400 | -0.260 ± 0.000 (n=1) | +0.090 ± 0.000 (n=1) |" in lines
+    # equal env steps: 0.10 - 0.20 and 0.11 - 0.21 = -0.10 twice; grpo has no base
+    assert "| grpo | 0.100 / 0.600 | 0.110 / 0.610 | -0.050 ± 0.000 (n=2) | -0.100 ± 0.000 (n=2) | – |" in lines
+    # grpo_rspo's base is grpo: 0.15 - 0.10 = +0.05 on both axes, both seeds
+    row = "| grpo_rspo | 0.150 / 0.650 | 0.160 / 0.660 | – | -0.050 ± 0.000 (n=2) | grpo: +0.050 ± 0.000 / +0.050 ± 0.000 (n=2) |"
+    assert row in lines
+    # one shared seed (1): 0.40 - 0.66 = -0.26 by A updates, 0.30 - 0.21 = +0.09 by env steps; vs grpo
+    # seed 1: 0.30 - 0.11 = +0.19 by env steps, 0.40 - 0.61 = -0.21 by A updates
+    row = "| grpo_rspo_k5 | – | 0.300 / 0.400 | -0.260 ± 0.000 (n=1) | +0.090 ± 0.000 (n=1) | grpo: +0.190 ± 0.000 / -0.210 ± 0.000 (n=1) |"
+    assert row in lines
 
 
 def test_an_rspo_run_stops_at_the_loop_that_completes_its_a_updates():
