@@ -117,6 +117,9 @@ class Run:
     overrides: tuple[str, ...] = ()
     loop: int | None = None
     k: int = 0  # A iterations per loop (RSPO)
+    to_budget: bool = (
+        False  # run to the env-step budget even past the a_updates axis's N (a lean loop's A gets N early)
+    )
 
     def max_epochs(self, a_updates: int) -> int:
         """An RSPO run stops at the end of the loop that brings A to ``a_updates`` updates (or at its
@@ -124,7 +127,7 @@ class Run:
         first new A comes past the budget x 1.05 in every setting here: 47-49k steps for the hard
         setting's 40k), so running it costs a quarter of the run and changes no number. A base run
         (and RSPO_H, one A update per iteration) runs to its budget."""
-        if self.loop is None:
+        if self.loop is None or self.to_budget:
             return 1000
         iterations = -(-a_updates // self.k) * self.loop
         return -(-iterations // self.iterations_per_epoch)
@@ -147,8 +150,19 @@ def base(*overrides: str, config: str = "configs/compare/grpo.yaml") -> Run:
     return Run(config, overrides)
 
 
-def rspo(*overrides: str, k: int = 3, collect: bool = True, config: str = "configs/compare/grpo_rspo.yaml") -> Run:
-    return Run(config, overrides, loop=2 * k + collect, k=k)
+def rspo(
+    *overrides: str,
+    k: int = 3,
+    collect: bool = True,
+    exploit_k: int | None = None,
+    config: str = "configs/compare/grpo_rspo.yaml",
+) -> Run:
+    """An RSPO run: k explore (+ collect) + exploit_k (None = k) exploit iterations per loop. With
+    exploit_k > k A reaches the a_updates axis's N long before the budget: it runs to the budget."""
+    if exploit_k is None:
+        return Run(config, overrides, loop=2 * k + collect, k=k)
+    overrides = (cb("k", k), cb("exploit_k", exploit_k), *overrides)
+    return Run(config, overrides, loop=k + collect + exploit_k, k=exploit_k, to_budget=True)
 
 
 def noisy(
@@ -200,6 +214,15 @@ RUNS: dict[str, Run] = {
     "grpo_rspo_temp13": rspo(cb("explorer_temperature", 1.3)),
     "grpo_rspo_turn": rspo(cb("explorer_credit", "turn")),
     "grpo_rspo_persistent": rspo(cb("explorer_resync_every", 3)),  # B persists 3 loops, then B := A
+    # a lean loop: B explores 1 iteration and collects, A exploits 3 (A plays 3 of 5 iterations, not 3 of 7),
+    # with combo's D (B's episodes + A's own recent groups, slots for wins only)
+    "grpo_rspo_lean": rspo(
+        cb("replay_from", "both"),
+        cb("buffer_from", "explore+collect"),
+        cb("replay_slots", "positive"),
+        k=1,
+        exploit_k=3,
+    ),
     # the paper's B: a learned process reward (SPA-RL's progress model) fitted on the hard setting's episodes
     # by benchmarks/prm_hard.py, in place of progress deltas
     "grpo_rspo_prm": rspo(

@@ -659,6 +659,25 @@ def test_without_the_collect_phase_the_last_explore_iteration_is_the_collection(
     assert "rollout_collect/success_rate" in rec.rows[1]["metrics"] and "rollout_b1/progress" in rec.rows[1]["metrics"]
 
 
+def test_exploit_k_gives_a_more_iterations_per_loop_than_b():
+    torch.manual_seed(0)
+    m = _module()
+    loop = _loop(k=1, exploit_k=3, offline_ratio=0.25)
+    rec = Recorder()
+    _trainer([loop, rec], max_epochs=2).fit(m, _dm(ipe=5))
+    # one loop: 1 explore + 1 collect + 3 exploit = 5 iterations, A ends it
+    assert [loop.phase_of(i) for i in range(10)] == ["explore", "collect", "exploit", "exploit", "exploit"] * 2
+    assert loop.loop_length == 5 and [loop.at_loop_end(i) for i in range(1, 11)] == [False] * 4 + [True] + [
+        False
+    ] * 4 + [True]
+    assert [r["tag"] for r in rec.rows] == ["B", "B", "A", "A", "A"] * 2
+    assert _equal(rec.rows[0]["params_before"], rec.rows[2]["params_before"])  # A restored after the collect
+    assert [(r["tasks"], r["replay"]) for r in rec.rows if r["tag"] == "A"] == [(3, 1)] * 6
+    assert loop.counts == {"a_iterations": 6, "b_iterations": 2, "collected_groups": 8, "loops": 2}
+    with pytest.raises(ValueError, match="exploit_k must be >= 1"):
+        RSPOLoop(k=1, exploit_k=0)
+
+
 def test_positive_slots_take_only_wins_and_give_the_free_slots_back_to_online_groups():
     """A buffer with 3 wins and 10 losses (mixed groups, so every one carries signal) and 16 replay
     slots (2 groups of 8): ``positive`` draws exactly the 3 wins; they fill ceil(3/8) = 1 group's

@@ -158,9 +158,12 @@ def test_curve_and_diagnostics_of_a_history():
 def test_runs_table_and_plan():
     for name, run in study.RUNS.items():
         ks = [int(o.split("=")[1]) for o in run.overrides if o.startswith("--trainer.callbacks.k=")]
+        exploit = [int(o.split("=")[1]) for o in run.overrides if o.startswith("--trainer.callbacks.exploit_k=")]
         no_collect = "--trainer.callbacks.collect_phase=false" in run.overrides
+        k = ks[0] if ks else 3
         if run.loop is not None:  # the loop length (validation is every 3 iterations for every run)
-            assert run.loop == 2 * (ks[0] if ks else 3) + (not no_collect), name
+            assert run.loop == k + (not no_collect) + (exploit[0] if exploit else k), name
+            assert run.k == (exploit[0] if exploit else k) and run.to_budget == bool(exploit), name
         assert (ROOT / run.config).exists(), name
     job = study.make_job("hard", "grpo_rspo_noise01", 3, 40000)
     assert "--model.dense_reward.init_args.seed=3" in job.overrides and "--data.iterations_per_epoch=3" in job.overrides

@@ -181,6 +181,9 @@ class RSPOLoop(pl.Callback):
 
     Args:
         k: iterations of B's exploration and of A's exploitation per loop (paper: 3).
+        exploit_k: A's exploit iterations per loop when they differ from B's (None = k, the
+            paper). A larger value spends a smaller share of the environment steps on B: with
+            k = 1, a collect iteration and exploit_k = 3, A plays 3 of every 5 iterations.
         offline_ratio: α, the share of A's groups taken from the replay buffer and the weight of
             the replay part of the loss (paper: 1/8).
         collect_groups: task groups B plays in the collect phase (None = all of the batch's).
@@ -237,6 +240,7 @@ class RSPOLoop(pl.Callback):
     def __init__(
         self,
         k: int = 3,
+        exploit_k: int | None = None,
         offline_ratio: float = 0.125,
         collect_groups: int | None = None,
         sampling: choices.Sampling = "reward",
@@ -261,6 +265,8 @@ class RSPOLoop(pl.Callback):
     ):
         if k < 1:
             raise ValueError(f"RSPOLoop k must be >= 1 (iterations per phase), got {k}")
+        if exploit_k is not None and exploit_k < 1:
+            raise ValueError(f"RSPOLoop exploit_k must be >= 1 or None (= k, the paper), got {exploit_k}")
         if not 0 <= offline_ratio < 1:
             raise ValueError(f"RSPOLoop offline_ratio must be in [0, 1), got {offline_ratio}; the paper uses 0.125")
         if collect_groups is not None and collect_groups < 1:
@@ -295,6 +301,7 @@ class RSPOLoop(pl.Callback):
                 "replay_baseline='online' does not keep: use replay_baseline='collected'"
             )
         self.k, self.offline_ratio, self.collect_groups = k, offline_ratio, collect_groups
+        self.exploit_k = k if exploit_k is None else exploit_k
         self.dense_reward, self.explorer_reward, self.replay_from = dense_reward, explorer_reward, replay_from
         self.dense_scale, self.offline_weighting, self.replay_baseline = dense_scale, offline_weighting, replay_baseline
         self.buffer_from, self.collect_phase, self.replay_slots = buffer_from, collect_phase, replay_slots
@@ -324,8 +331,8 @@ class RSPOLoop(pl.Callback):
     # -- schedule -------------------------------------------------------------------------
     @property
     def loop_length(self) -> int:
-        """Iterations of one loop: k explore (+ 1 collect) + k exploit."""
-        return 2 * self.k + (1 if self.collect_phase else 0)
+        """Iterations of one loop: k explore (+ 1 collect) + exploit_k exploit."""
+        return self.k + (1 if self.collect_phase else 0) + self.exploit_k
 
     def phase_of(self, iteration: int) -> str:
         if self.replay_from == "history":
