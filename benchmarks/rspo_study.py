@@ -117,9 +117,8 @@ class Run:
     overrides: tuple[str, ...] = ()
     loop: int | None = None
     k: int = 0  # A iterations per loop (RSPO)
-    to_budget: bool = (
-        False  # run to the env-step budget even past the a_updates axis's N (a lean loop's A gets N early)
-    )
+    # run to the env-step budget even past the a_updates axis's N (a lean loop's A gets there early)
+    to_budget: bool = False
 
     def max_epochs(self, a_updates: int) -> int:
         """An RSPO run stops at the end of the loop that brings A to ``a_updates`` updates (or at its

@@ -667,9 +667,8 @@ def test_exploit_k_gives_a_more_iterations_per_loop_than_b():
     _trainer([loop, rec], max_epochs=2).fit(m, _dm(ipe=5))
     # one loop: 1 explore + 1 collect + 3 exploit = 5 iterations, A ends it
     assert [loop.phase_of(i) for i in range(10)] == ["explore", "collect", "exploit", "exploit", "exploit"] * 2
-    assert loop.loop_length == 5 and [loop.at_loop_end(i) for i in range(1, 11)] == [False] * 4 + [True] + [
-        False
-    ] * 4 + [True]
+    loop_ends = ([False] * 4 + [True]) * 2
+    assert loop.loop_length == 5 and [loop.at_loop_end(i) for i in range(1, 11)] == loop_ends
     assert [r["tag"] for r in rec.rows] == ["B", "B", "A", "A", "A"] * 2
     assert _equal(rec.rows[0]["params_before"], rec.rows[2]["params_before"])  # A restored after the collect
     assert [(r["tasks"], r["replay"]) for r in rec.rows if r["tag"] == "A"] == [(3, 1)] * 6
