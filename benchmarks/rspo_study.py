@@ -158,10 +158,10 @@ def rspo(
 ) -> Run:
     """An RSPO run: k explore (+ collect) + exploit_k (None = k) exploit iterations per loop. With
     exploit_k > k A reaches the a_updates axis's N long before the budget: it runs to the budget."""
-    if exploit_k is None:
-        return Run(config, overrides, loop=2 * k + collect, k=k)
-    overrides = (cb("k", k), cb("exploit_k", exploit_k), *overrides)
-    return Run(config, overrides, loop=k + collect + exploit_k, k=exploit_k, to_budget=True)
+    a_per_loop = k if exploit_k is None else exploit_k
+    if exploit_k is not None:
+        overrides = (cb("k", k), cb("exploit_k", exploit_k), *overrides)
+    return Run(config, overrides, loop=k + collect + a_per_loop, k=a_per_loop, to_budget=exploit_k is not None)
 
 
 def noisy(

@@ -180,7 +180,8 @@ class RSPOLoop(pl.Callback):
     """The explore → collect → exploit loop of RSPO (arXiv 2607.04713).
 
     Args:
-        k: iterations of B's exploration and of A's exploitation per loop (paper: 3).
+        k: iterations of B's exploration per loop, and of A's exploitation unless exploit_k
+            is set (paper: 3).
         exploit_k: A's exploit iterations per loop when they differ from B's (None = k, the
             paper). A larger value spends a smaller share of the environment steps on B: with
             k = 1, a collect iteration and exploit_k = 3, A plays 3 of every 5 iterations.
