@@ -47,6 +47,7 @@ def record(variant: str, seed: int, run_dir: Path) -> dict:
 
     seen, unseen = curve("val/success_rate"), curve("val_unseen/success_rate")
     train = [v for _, v in curve("rollout/success_rate")]
+    entropy = [v for _, v in curve("train/entropy")]
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     return {
         "variant": variant,
@@ -59,6 +60,8 @@ def record(variant: str, seed: int, run_dir: Path) -> dict:
         "end_unseen": unseen[-1][1] if unseen else None,
         "best_seen": max(v for _, v in seen) if seen else None,
         "train_success_last10": round(sum(train[-10:]) / max(len(train[-10:]), 1), 3),
+        "entropy_first10": round(sum(entropy[:10]) / max(len(entropy[:10]), 1), 3),  # nats per response token
+        "entropy_last10": round(sum(entropy[-10:]) / max(len(entropy[-10:]), 1), 3),
         "rollout_s": mean("perf/rollout_s"),
         "update_s": mean("perf/update_s"),
         "wall_s": round(ev["wall_s"]),
