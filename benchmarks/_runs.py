@@ -49,6 +49,33 @@ def fit_job(name: str, config: str, seed: int, extra: list[str], runs: str, thre
     return run_dir
 
 
+def commit() -> str:
+    """The short HEAD of this checkout, ``-dirty`` when tracked files differ from it."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+        return head + ("-dirty" if dirty else "") if head else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``0-4`` -> 0..4, ``0,2,3`` -> [0, 2, 3], ``1`` -> [1]."""
+    seeds = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        seeds += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    return seeds
+
+
 def run_all(jobs: list[tuple], parallel: int) -> list[Path]:
     """``jobs`` = ``fit_job`` argument tuples, ``parallel`` at a time."""
     with ThreadPoolExecutor(parallel) as pool:

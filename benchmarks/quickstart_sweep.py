@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _runs import ROOT, fit_job, mean_std, read_events
+from _runs import ROOT, commit, fit_job, fmt, mean_std, parse_seeds, read_events
 
 CONFIG = "configs/quickstart.yaml"
 RECORDS = ROOT / "docs" / "data" / "quickstart_sweep"
@@ -33,6 +33,10 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 HEADER = "| variant | seeds | end valid_seen per seed | end valid_seen | end valid_unseen | best valid_seen | s / iteration |"
 
 
+def _avg(xs: list[float]) -> float:
+    return round(sum(xs) / len(xs), 3) if xs else float("nan")
+
+
 def record(variant: str, seed: int, run_dir: Path) -> dict:
     """The tracked summary of one finished run, read from its TensorBoard events."""
     ev = read_events(run_dir)
@@ -41,30 +45,25 @@ def record(variant: str, seed: int, run_dir: Path) -> dict:
     def curve(tag: str) -> list[list[float]]:
         return [[step, round(v, 4)] for step, v in sorted(s.get(tag, {}).items())]
 
-    def mean(tag: str) -> float:
-        v = list(s.get(tag, {}).values())
-        return round(sum(v) / len(v), 3) if v else float("nan")
-
     seen, unseen = curve("val/success_rate"), curve("val_unseen/success_rate")
     train = [v for _, v in curve("rollout/success_rate")]
     entropy = [v for _, v in curve("train/entropy")]
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     return {
         "variant": variant,
         "seed": seed,
         "overrides": list(VARIANTS[variant]),
-        "commit": commit,
+        "commit": commit(),
         "valid_seen": seen,
         "valid_unseen": unseen,
         "end_seen": seen[-1][1] if seen else None,
         "end_unseen": unseen[-1][1] if unseen else None,
         "best_seen": max(v for _, v in seen) if seen else None,
-        "train_success_last10": round(sum(train[-10:]) / max(len(train[-10:]), 1), 3),
-        "entropy_first10": round(sum(entropy[:10]) / max(len(entropy[:10]), 1), 3),  # nats per response token
-        "entropy_last10": round(sum(entropy[-10:]) / max(len(entropy[-10:]), 1), 3),
-        "rollout_s": mean("perf/rollout_s"),
-        "update_s": mean("perf/update_s"),
-        "wall_s": round(ev["wall_s"]),
+        "train_success_last10": _avg(train[-10:]),
+        "entropy_first10": _avg(entropy[:10]),  # nats per response token
+        "entropy_last10": _avg(entropy[-10:]),
+        "rollout_s": _avg(list(s.get("perf/rollout_s", {}).values())),
+        "update_s": _avg(list(s.get("perf/update_s", {}).values())),
+        "wall_s": round(ev["wall_s"]) if ev["wall_s"] == ev["wall_s"] else None,  # NaN: not run by fit_job
     }
 
 
@@ -80,13 +79,9 @@ def summarise(records_dir: Path) -> str:
         best = [r["best_seen"] for r in recs]
         it_s = [r["rollout_s"] + r["update_s"] for r in recs]
 
-        def ms(xs: list[float]) -> str:
-            m, sd = mean_std(xs)
-            return f"{m:.3f} ± {sd:.3f}"
-
         per_seed = ", ".join(f"{r['seed']}: {r['end_seen']:.3f}" for r in recs)
         rows.append(
-            f"| {vdir.name} | {len(recs)} | {per_seed} | {ms(seen)} | {ms(unseen)} | {ms(best)} | {mean_std(it_s)[0]:.1f} |"
+            f"| {vdir.name} | {len(recs)} | {per_seed} | {fmt(seen)} | {fmt(unseen)} | {fmt(best)} | {mean_std(it_s)[0]:.1f} |"
         )
     return "\n".join(rows)
 
@@ -104,17 +99,17 @@ def main() -> None:
     if not args.summarise_only:
         jobs = []
         for item in args.plan:
-            names, seeds = item.split(":")
-            if "-" in seeds:
-                lo, hi = seeds.split("-")
-                seed_list = list(range(int(lo), int(hi) + 1))
-            else:
-                seed_list = [int(x) for x in seeds.split(",")]
+            names, _, seeds = item.partition(":")
+            try:
+                seed_list = parse_seeds(seeds)
+            except ValueError:
+                raise SystemExit(
+                    f"--plan entry {item!r}: expected VARIANT[,VARIANT...]:SEEDS, e.g. base,hist4:0-2"
+                ) from None
             for name in names.split(","):
                 if name not in VARIANTS:
                     raise SystemExit(f"unknown variant {name!r}; choose from {sorted(VARIANTS)}")
                 jobs += [(name, s) for s in seed_list if not (records / name / f"seed{s}.json").exists()]
-        from concurrent.futures import ThreadPoolExecutor
 
         def one(job: tuple[str, int]) -> None:
             name, seed = job

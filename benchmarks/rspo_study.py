@@ -76,7 +76,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from _runs import ROOT, mean_std, plot_curves
+from _runs import ROOT, commit, mean_std, parse_seeds, plot_curves
 
 BENCH = Path(__file__).resolve().parent
 
@@ -364,23 +364,6 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _commit() -> str:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout.strip()
-        return head + ("-dirty" if dirty else "") if head else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def launch(job: Job, out_runs, threads: int = 1, resume: bool | None = None) -> subprocess.Popen:
     """Start ``job``'s fit (resumed from ``last.ckpt`` if there is one, unless ``resume`` says)
     as a child process writing ``stdout.<attempt>.log`` in its run folder; the attempt is
@@ -402,7 +385,7 @@ def launch(job: Job, out_runs, threads: int = 1, resume: bool | None = None) -> 
         "started": time.time(),
         "load_start": list(os.getloadavg()),
         "log": log.name,
-        "commit": _commit(),
+        "commit": commit(),
         **_job_args(job),
     }
     if resume:
@@ -854,15 +837,6 @@ def summarise(
 
 
 # -- plan ------------------------------------------------------------------------------------
-def parse_seeds(text: str) -> list[int]:
-    """``0-4`` -> 0..4, ``0,2,3`` -> [0, 2, 3], ``1`` -> [1]."""
-    seeds = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        seeds += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
-    return seeds
-
-
 def parse_plan(entries: list[str]) -> list[tuple[str, str, int]]:
     """``SETTING:RUN[,RUN...]:SEEDS`` entries -> (setting, run, seed), seed-major per entry."""
     plan = []
