@@ -29,6 +29,9 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "ent01": ("--model.algorithm.entropy_coef=0.01",),  # an entropy bonus against the collapse to ~0.06 nats
     "cliphigh": ("--model.algorithm.clip_eps_high=0.28",),  # DAPO's clip-higher: low-probability actions can rise
     "hist4": ("--model.rollout.history_window=4",),  # against loops between receptacles: more of the episode shown
+    # the same 128 episodes an iteration as 8 tasks x 16: a near-deterministic policy that fails a task
+    # is more likely to win one of 16 samples, so fewer groups are all-fail (no GRPO signal)
+    "group16": ("--data.groups_per_iteration=8", "--data.group_size=16"),
 }
 HEADER = "| variant | seeds | end valid_seen per seed | end valid_seen | end valid_unseen | best valid_seen | s / iteration |"
 

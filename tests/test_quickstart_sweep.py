@@ -42,6 +42,7 @@ def test_every_variant_parses():
         "ent01": lambda c: c["model"]["algorithm"]["entropy_coef"] == 0.01,
         "cliphigh": lambda c: c["model"]["algorithm"]["clip_eps_high"] == 0.28,
         "hist4": lambda c: c["model"]["rollout"]["history_window"] == 4,
+        "group16": lambda c: (c["data"]["groups_per_iteration"], c["data"]["group_size"]) == (8, 16),
     }
     assert set(sweep.VARIANTS) == {"base", *expect}
     for name, check in expect.items():
