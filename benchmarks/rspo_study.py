@@ -101,6 +101,7 @@ QUICK = {
 }
 SETTINGS = {"hard": HARD, "quickstart": QUICK}
 PROGRESS = "rspo_lightning.rewards.EnvProgressReward"
+NOVELTY = "rspo_lightning.rewards.NoveltyBonus"  # progress deltas + 0.03 per turn reaching a new state
 PRM_DIR = "docs/data/rspo_study/prm/hard"  # benchmarks/prm_hard.py writes it; fits run in the repository root
 SHAPED_SCALE = 10  # the dense return (progress, at most 1 per episode) on the scale of the success reward (10)
 BASE_VAL_EVERY = 3  # iterations between two validations of a base (non-RSPO) run
@@ -219,6 +220,17 @@ RUNS: dict[str, Run] = {
         cb("replay_from", "both"),
         cb("buffer_from", "explore+collect"),
         cb("replay_slots", "positive"),
+        k=1,
+        exploit_k=3,
+    ),
+    # the lean loop with a B that is paid for reaching states new to its episode (NoveltyBonus on progress
+    # deltas, credited per turn): progress deltas telescope, so nothing else rewards B for covering the house
+    "grpo_rspo_lean_novelty": rspo(
+        cb("replay_from", "both"),
+        cb("buffer_from", "explore+collect"),
+        cb("replay_slots", "positive"),
+        cb("explorer_credit", "turn"),
+        f"--model.dense_reward={NOVELTY}",
         k=1,
         exploit_k=3,
     ),

@@ -8,8 +8,9 @@ per turn; the ``DenseReward`` Protocol). ``assign_dense_rewards`` writes them in
   reward is ``dense_scale`` x the dense reward alone, no outcome (``outcome+dense`` adds it);
 - A²TGPO's per-turn signal g_t is the turn's dense reward.
 
-Sources here: ``EnvProgressReward`` (progress deltas from the env's ``info["progress"]``) and
-``NoisyReward`` (Gaussian noise on another source, for the robustness ablation). The learned
+Sources here: ``EnvProgressReward`` (progress deltas from the env's ``info["progress"]``),
+``NoisyReward`` (Gaussian noise on another source, for the robustness ablation) and
+``NoveltyBonus`` (another source plus a bonus for each turn that reaches a state new to its episode). The learned
 SPA-RL process reward model is ``ProcessRewardModelReward`` (trained by ``rspo_lightning.prm``).
 """
 
@@ -102,6 +103,47 @@ class NoisyReward:
 
     def load_state_dict(self, state: dict) -> None:
         self._rng.setstate(_as_tuple(state["rng"]))
+
+
+class NoveltyBonus:
+    """Another dense source plus ``bonus`` for each turn whose action reaches a state not seen
+    earlier in the episode: turn t earns it when ``anchor_{t+1}`` (the state key after its action)
+    is none of ``anchor_0 .. anchor_t``. The last turn's next state is not recorded, so it earns
+    none (a win is paid by the base's progress). Progress deltas telescope (a B trained on them
+    learns "reach progress 0.5 and hold"); this term does not: it pays covering the house, and
+    nothing for a loop back to a visited state.
+
+    ``bonus * (max_steps - 1)`` bounds what novelty adds to an episode: keep it below the
+    progress gap between a win and a loss (0.5 for pick-and-place) so that a long wandering
+    failure cannot out-earn a win (0.03 x 14 = 0.42 in the hard setting's 15 steps).
+
+    Args:
+        base: the dense source the bonus is added to (default: ``EnvProgressReward()``).
+        bonus: the reward of one turn that reaches a new state, a finite number >= 0.
+    """
+
+    def __init__(self, base: DenseReward | None = None, bonus: float = 0.03):
+        if not (_is_number(bonus) and 0 <= bonus < float("inf")):
+            raise ValueError(f"NoveltyBonus bonus must be a finite number >= 0, got {bonus!r}")
+        self.base = base if base is not None else EnvProgressReward()
+        self.bonus = float(bonus)
+
+    def turn_rewards(self, trajectory: Trajectory) -> list[float]:
+        anchors = [turn.anchor for turn in trajectory.turns]
+        seen: set[str] = set()
+        out = []
+        for t, r in enumerate(self.base.turn_rewards(trajectory)):
+            seen.add(anchors[t])
+            reaches_new = t + 1 < len(anchors) and anchors[t + 1] not in seen
+            out.append(r + self.bonus * reaches_new)
+        return out
+
+    def state_dict(self) -> dict:  # the base's state (NoisyReward's generator) travels in checkpoints
+        return {"base": self.base.state_dict()} if hasattr(self.base, "state_dict") else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "base" in state and hasattr(self.base, "load_state_dict"):
+            self.base.load_state_dict(state["base"])
 
 
 def _as_tuple(value):

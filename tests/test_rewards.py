@@ -3,11 +3,12 @@
 import pytest
 import torch
 
-from rspo_lightning.rewards import DenseReward, EnvProgressReward, NoisyReward, assign_dense_rewards
+from rspo_lightning.rewards import DenseReward, EnvProgressReward, NoisyReward, NoveltyBonus, assign_dense_rewards
 from rspo_lightning.types import TaskSpec, Trajectory, Turn
 
 
-def _traj(progress, initial=0.0):
+def _traj(progress, initial=0.0, anchors=None):
+    anchors = anchors or ["s"] * len(progress)
     turns = [
         Turn(
             prompt_ids=torch.tensor([1]),
@@ -16,10 +17,10 @@ def _traj(progress, initial=0.0):
             action="a",
             valid=True,
             observation="o",
-            anchor="s",
+            anchor=a,
             progress=p,
         )
-        for p in progress
+        for p, a in zip(progress, anchors)
     ]
     return Trajectory(task=TaskSpec("rspo/Household-v0", "train", 0, 0), turns=turns, initial_progress=initial)
 
@@ -72,3 +73,30 @@ def test_noisy_reward_adds_seeded_gaussian_noise():
     assert a.turn_rewards(t) == first
     with pytest.raises(ValueError, match="sigma"):
         NoisyReward(sigma=-0.1)
+
+
+def test_novelty_bonus_pays_each_turn_that_reaches_a_new_state():
+    # states A B A C C D: turn 0 reaches B (new), 1 reaches A (seen), 2 reaches C (new), 3 reaches C
+    # (seen: "Nothing happens"), 4 reaches D (new), 5 is last (its next state is not recorded)
+    t = _traj([0.0, 0.0, 0.5, 0.5, 0.5, 1.0], anchors=["A", "B", "A", "C", "C", "D"])
+    # progress deltas by hand: 0, 0, 0.5, 0, 0, 0.5; bonus 0.1 on turns 0, 2, 4
+    assert NoveltyBonus(bonus=0.1).turn_rewards(t) == pytest.approx([0.1, 0.0, 0.6, 0.0, 0.1, 0.5])
+    # bonus 0 is the base itself; a loop between two states earns only its first step
+    assert NoveltyBonus(bonus=0.0).turn_rewards(t) == EnvProgressReward().turn_rewards(t)
+    loop = _traj([0.0] * 5, anchors=["A", "B", "A", "B", "A"])
+    assert NoveltyBonus(bonus=0.1).turn_rewards(loop) == pytest.approx([0.1, 0.0, 0.0, 0.0, 0.0])
+    # the default bound of the hard setting: a 15-turn failure visiting 15 distinct states, progress 0.5,
+    # earns 0.5 + 14 x 0.03 = 0.92, below a 3-turn win's 1.0 + 2 x 0.03 = 1.06
+    fail = _traj([0.5] * 15, anchors=[f"s{i}" for i in range(15)])
+    win = _traj([0.0, 0.5, 1.0], anchors=["a", "b", "c"])
+    assert sum(NoveltyBonus().turn_rewards(fail)) == pytest.approx(0.92)
+    assert sum(NoveltyBonus().turn_rewards(win)) == pytest.approx(1.06)
+    # the base's state travels (NoisyReward's generator), and bad input names the value
+    noisy = NoveltyBonus(base=NoisyReward(sigma=0.3, seed=3))
+    state = noisy.state_dict()
+    first = noisy.turn_rewards(t)
+    noisy.load_state_dict(state)
+    assert noisy.turn_rewards(t) == first
+    assert NoveltyBonus().state_dict() == {}
+    with pytest.raises(ValueError, match="bonus must be a finite number >= 0, got -0.1"):
+        NoveltyBonus(bonus=-0.1)
