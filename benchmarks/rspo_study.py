@@ -223,6 +223,16 @@ RUNS: dict[str, Run] = {
         k=1,
         exploit_k=3,
     ),
+    # the lean loop whose B makes its update on A's last exploit episodes (rescored with progress deltas)
+    # instead of playing its own: B plays only the collection, 1 of every 4 played iterations instead of 2 of 5
+    "grpo_rspo_lean_reuse": rspo(
+        cb("replay_from", "both"),
+        cb("buffer_from", "explore+collect"),
+        cb("replay_slots", "positive"),
+        cb("reuse_a_episodes", "true"),
+        k=1,
+        exploit_k=3,
+    ),
     # the lean loop with a B that is paid for reaching states new to its episode (NoveltyBonus on progress
     # deltas, credited per turn): progress deltas telescope, so nothing else rewards B for covering the house
     "grpo_rspo_lean_novelty": rspo(

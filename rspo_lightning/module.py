@@ -194,7 +194,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
     def training_step(self, batch: IterationBatch, batch_idx: int) -> None:
         # Every decision that changes the number of collective steps is taken on all-rank counts,
         # and a rank with nothing of its own still takes part (docs/distributed.md).
-        if self._all_ranks(len(batch.tasks) + len(batch.replay)) == 0:  # e.g. RSPO's collect iteration
+        if self._all_ranks(len(batch.tasks) + len(batch.played or ()) + len(batch.replay)) == 0:  # RSPO's collect
             return self._log_iteration()
         watch, tokens = metrics.Stopwatch(), self.engine.stats["generated_tokens"]
         self._temperature = batch.temperature  # and scores at it
@@ -202,7 +202,12 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
             dense = batch.reward_mode != "outcome" or self.estimator.needs_dense
             # RSPO's explorer may sample at its own temperature (a module override's collect may lack the argument)
             own = {} if batch.temperature is None else {"temperature": batch.temperature}
-            self.last_trajectories = self.collect(batch.tasks, batch.group_size, batch.policy_tag, dense=dense, **own)
+            if batch.played is not None:  # episodes already played (RSPO's B on A's last ones): rescored only
+                self.last_trajectories = self.rescore(batch.played, dense)
+            else:
+                self.last_trajectories = self.collect(
+                    batch.tasks, batch.group_size, batch.policy_tag, dense=dense, **own
+                )
         played = self.last_trajectories + [t for group in batch.replay for t in group]
         if self._all_ranks(len(played)) == 0:  # every episode lost to environment faults
             return self._log_iteration()
@@ -257,6 +262,20 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
             assign_dense_rewards(self.dense_reward, trajectories)
         self.env_steps += int(self._all_ranks(sum(len(t.turns) for t in trajectories)))
         return trajectories
+
+    def rescore(self, trajectories: list[Trajectory], dense: bool) -> list[Trajectory]:
+        """Copies of ``trajectories`` (their turns too, tensors shared) with the dense source's
+        rewards when ``dense`` (else 0): episodes played earlier, trained on again under another
+        reward. No environment step is taken."""
+        copies = [
+            dataclasses.replace(t, turns=[dataclasses.replace(turn, dense_reward=0.0) for turn in t.turns])
+            for t in trajectories
+        ]
+        if dense:
+            if self.dense_reward is None:
+                raise ValueError(f"a dense reward mode needs a dense reward source: {DENSE_HINT}")
+            assign_dense_rewards(self.dense_reward, copies)
+        return copies
 
     def outcome_advantages(self, trajectories: list[Trajectory]) -> list[float] | None:
         """RSPOLoop's stored advantages of B's groups (``credit.outcome_advantages``)."""
@@ -437,7 +456,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         else:
             played, prefix = self.last_trajectories, "rollout" if it.batch.policy_tag == "A" else "rollout_b"
             won = merge_over_ranks({"won": [sum(t.success for t in played), len(played)]})["won"]  # on every rank
-            if played:  # the success rate over all ranks; the other rollout values are this rank's
+            if played and it.batch.played is None:  # over all ranks (the rest: this rank's); not re-used episodes
                 self.log_dict(
                     {f"{prefix}/success_rate": won[0] / max(won[1], 1.0), **metrics.rollout_metrics(played, prefix)},
                     on_step=True,

@@ -142,6 +142,10 @@ class IterationBatch:
         credit: ``trajectory`` (the module's estimator) or ``turn`` (each turn's discounted
             return-to-go, normalised over its group: ``advantages.turn_return_advantages``, with
             discount ``credit_gamma``); RSPO's explorer may set it.
+        played: episodes already played that the iteration trains on in place of playing
+            ``tasks`` (RSPO's ``reuse_a_episodes``: B's first update on A's last exploit
+            episodes); they cost no environment steps and are not logged as this iteration's
+            rollouts. None: play ``tasks``.
 
     Deliberately not a dataclass (nor a list or dict): Lightning's ``16-true``/``bf16-true``
     precision plugins rebuild such batches with every float tensor cast to half precision,
@@ -161,6 +165,7 @@ class IterationBatch:
         temperature: float | None = None,
         credit: str = "trajectory",
         credit_gamma: float = 0.9,
+        played: list[Trajectory] | None = None,
     ):
         self.tasks = tasks
         self.group_size = group_size
@@ -172,12 +177,14 @@ class IterationBatch:
         self.temperature = temperature
         self.credit = credit
         self.credit_gamma = credit_gamma
+        self.played = played
 
     def __repr__(self) -> str:
         return (
             f"IterationBatch(tasks={self.tasks!r}, group_size={self.group_size}, replay=<{len(self.replay)} groups>, "
             f"reward_mode={self.reward_mode!r}, policy_tag={self.policy_tag!r}, dense_scale={self.dense_scale}, "
-            f"replay_weight={self.replay_weight}, temperature={self.temperature}, credit={self.credit!r})"
+            f"replay_weight={self.replay_weight}, temperature={self.temperature}, credit={self.credit!r}, "
+            f"played={'None' if self.played is None else f'<{len(self.played)} episodes>'})"
         )
 
     def __eq__(self, other: object) -> bool:

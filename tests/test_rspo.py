@@ -15,7 +15,7 @@ from rspo_lightning.credit import turn_advantages
 from rspo_lightning.datamodules import AgentDataModule
 from rspo_lightning.language_model import TinyModelConfig
 from rspo_lightning.module import AgentRLModule
-from rspo_lightning.rewards import EnvProgressReward
+from rspo_lightning.rewards import EnvProgressReward, NoveltyBonus
 from rspo_lightning.rollout import RolloutConfig
 from rspo_lightning.types import IterationBatch, TaskSpec, Trajectory, Turn
 
@@ -36,6 +36,7 @@ ROLLOUT = RolloutConfig(
 
 
 def _module(estimator="grpo", **kw):
+    kw.setdefault("dense_reward", EnvProgressReward())
     algo = AlgorithmConfig(
         estimator=estimator,
         ppo_epochs=1,
@@ -48,7 +49,6 @@ def _module(estimator="grpo", **kw):
         algorithm=algo,
         optim=OptimConfig(lr=5e-3),
         rollout=ROLLOUT,
-        dense_reward=EnvProgressReward(),
         **kw,
     )
 
@@ -872,3 +872,62 @@ def test_a_persistent_explorer_continues_from_the_previous_b_and_resyncs_every_n
     # A itself is restored bitwise after every B phase
     assert _equal(rec.rows[4]["params_before"], rec.rows[2]["params_after"])
     assert loop.state_dict()["b_state"] is not None
+
+
+def test_reuse_a_episodes_trains_b_first_on_a_s_last_exploit_episodes():
+    """``reuse_a_episodes``: B_0 = A's first update of a loop is on A's last exploit episodes,
+    rescored with B's dense reward; it plays nothing (no environment step), stores nothing in D,
+    and B still collects with its own weights."""
+    torch.manual_seed(0)
+    m = _module(dense_reward=NoveltyBonus(bonus=0.1))  # novelty differs between episodes: B has a signal
+    loop = _loop(k=1, exploit_k=2, offline_ratio=0.25, reuse_a_episodes=True)
+    plays, trained, d_after_collect = [], {}, {}
+    original = m.collect
+
+    def spy(*args, **kw):
+        out = original(*args, **kw)
+        plays.append((m.iteration, kw.get("purpose", "train"), sum(len(t.turns) for t in out)))
+        return out
+
+    m.collect = spy
+
+    class Probe(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            n = pl_module.iteration - 1
+            trained[n] = (pl_module.last_trajectories, pl_module.env_steps)
+            if loop.phase_of(n) == "collect":
+                d_after_collect[n] = {t.iteration for g in loop.buffer.groups for t in g}
+
+    rec = Recorder()
+    _trainer([loop, Probe(), rec], max_epochs=2).fit(m, _dm(ipe=4))  # 2 loops: explore, collect, exploit x 2
+    assert [loop.phase_of(i) for i in range(8)] == ["explore", "collect", "exploit", "exploit"] * 2
+    # loop 1 plays its explore iteration; loop 2's (iteration 4) plays nothing: 7 rollouts, not 8
+    assert [(n, p) for n, p, _ in plays] == [(0, "train"), (1, "rspo_collect"), (2, "train"), (3, "train")] + [
+        (5, "rspo_collect"),
+        (6, "train"),
+        (7, "train"),
+    ]
+    assert trained[4][1] == trained[3][1]  # no environment step in iteration 4
+    assert m.env_steps == sum(steps for _, _, steps in plays)
+    assert rec.rows[4]["tasks"] == 0 and rec.rows[4]["tag"] == "B"
+    # what B trained on in iteration 4 is A's iteration-3 episodes: same actions, behaviour log-probs
+    # (the very tensors), and the dense reward recomputed by hand for each
+    a_eps, b_eps = trained[3][0], trained[4][0]
+    # A played 3 groups x 2 in iteration 3 (the 4th group's slot was a replay, not re-used)
+    assert len(b_eps) == len(a_eps) == 6 and all(t.iteration == 3 and t.policy_tag == "A" for t in b_eps)
+    for a, b in zip(a_eps, b_eps):
+        assert [t.action for t in a.turns] == [t.action for t in b.turns]
+        assert all(x.behaviour_logprobs is y.behaviour_logprobs for x, y in zip(a.turns, b.turns))
+        assert [t.dense_reward for t in b.turns] == pytest.approx(NoveltyBonus(bonus=0.1).turn_rewards(a))
+        assert all(t.dense_reward == 0.0 for t in a.turns)  # A's own copies are untouched
+    assert not _equal(rec.rows[4]["params_before"], rec.rows[4]["params_after"])  # B_0 did update
+    assert _equal(rec.rows[4]["params_before"], rec.rows[6]["params_before"])  # A restored after the collect
+    assert d_after_collect == {1: {1}, 5: {5}}  # D: the collections only, A's re-used episodes not stored again
+    # the held episodes survive a checkpoint round trip; k = 1 without a collect phase is refused
+    held = _loop(k=1, reuse_a_episodes=True)
+    held.a_last = a_eps
+    again = _loop(k=1, reuse_a_episodes=True)
+    again.load_state_dict(held.state_dict())
+    assert [[t.action for t in e.turns] for e in again.a_last] == [[t.action for t in e.turns] for e in a_eps]
+    with pytest.raises(ValueError, match="reuse_a_episodes with k=1 and collect_phase=False"):
+        RSPOLoop(k=1, collect_phase=False, reuse_a_episodes=True)

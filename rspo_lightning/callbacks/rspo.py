@@ -57,6 +57,7 @@ from rspo_lightning.snapshot import (  # noqa: F401  (re-exported: the helpers a
     restore_trainable,
     snapshot_trainable,
 )
+from rspo_lightning.trajectory_io import trajectory_from_dict, trajectory_to_dict
 from rspo_lightning.types import Trajectory
 from rspo_lightning.update import SIGNAL
 
@@ -232,6 +233,13 @@ class RSPOLoop(pl.Callback):
         explorer_resync_every: B := A at the start of every n-th loop (1: every loop, the
             paper). With n > 1 B persists in between: each loop's B starts from the previous
             B's weights and optimizer state (A's snapshot is taken and restored as always).
+        reuse_a_episodes: B's first explore iteration of a loop trains on A's last exploit
+            iteration's episodes, rescored with B's dense reward, instead of playing new ones.
+            B_0 = A, so they are what B_0 would play, one A update older (the clipped ratio is
+            taken against their behaviour log-probs, which covers that update). Saves one
+            iteration's environment steps per loop (the first loop plays as usual). Those
+            episodes are not stored in D again, are not logged as ``rollout_b0/*`` (they are
+            A's, logged as ``rollout/*``) and keep the rollout's temperature.
         exploration_window: window of the repeated-anchor-visit metric.
         seed: seed of replay sampling.
     """
@@ -261,6 +269,7 @@ class RSPOLoop(pl.Callback):
         explorer_credit: choices.ExplorerCredit = "trajectory",
         explorer_gamma: float = 0.9,
         explorer_resync_every: int = 1,
+        reuse_a_episodes: bool = False,
         exploration_window: int = 4,
         seed: int = 0,
     ):
@@ -296,6 +305,11 @@ class RSPOLoop(pl.Callback):
             raise ValueError(
                 f"RSPOLoop explorer_resync_every must be >= 1 (1 = B := A every loop), got {explorer_resync_every}"
             )
+        if reuse_a_episodes and k == 1 and not collect_phase:
+            raise ValueError(
+                "RSPOLoop reuse_a_episodes with k=1 and collect_phase=False leaves B no episode of its own to "
+                "play: keep the collect phase (collect_phase=True) or use k >= 2"
+            )
         if replay_slots != "signal" and replay_baseline == "online":
             raise ValueError(
                 f"RSPOLoop replay_slots={replay_slots!r} picks trajectories by their stored advantage, which "
@@ -310,6 +324,9 @@ class RSPOLoop(pl.Callback):
         self.explorer_credit, self.explorer_gamma = explorer_credit, explorer_gamma
         self.explorer_resync_every = explorer_resync_every
         self.b_state: dict | None = None  # a persistent B's trainable state between its phases
+        self.reuse_a_episodes = reuse_a_episodes
+        self.a_last: list[Trajectory] = []  # A's last exploit episodes (reuse_a_episodes), this rank's
+        self._reused = False
         self.exploration_window = exploration_window
         # With the online baseline a replay's advantage is only known once A has played its task.
         self.buffer = ReplayBuffer(
@@ -429,6 +446,10 @@ class RSPOLoop(pl.Callback):
             )
             if self.explorer_lr_scale != 1.0:  # B's rate: A's schedule, scaled (B's optimizer state is discarded)
                 scale_learning_rates(pl_module, self.explorer_lr_scale)
+            self._reused = self.reuse_a_episodes and n % self.loop_length == 0 and bool(self.a_last)
+            if self._reused:  # B_0 = A trains on A's last episodes, played at the rollout's temperature
+                batch.played, batch.tasks, batch.temperature = self.a_last, [], None
+                self.a_last = []
         elif phase == "collect":
             tasks = batch.tasks if self.collect_groups is None else batch.tasks[: self.collect_groups]
             played = pl_module.collect(
@@ -486,9 +507,10 @@ class RSPOLoop(pl.Callback):
         if phase == "explore":
             self.counts["b_iterations"] += 1
             j = n % self.loop_length  # which of B's explore iterations: B_j played, then was updated
-            values.update(episode_metrics(played, f"rollout_b{j}", self.exploration_window))
+            if not self._reused:  # re-used episodes are A's, logged (rollout/*) and stored when A played them
+                values.update(episode_metrics(played, f"rollout_b{j}", self.exploration_window))
             last = j == self.k - 1
-            if self.buffer_from == "explore+collect" or (last and not self.collect_phase):
+            if not self._reused and (self.buffer_from == "explore+collect" or (last and not self.collect_phase)):
                 self._store(played, count=True)
             if last and not self.collect_phase:  # the last explore iteration's episodes are the collection
                 values.update(episode_metrics(played, "rollout_collect", self.exploration_window))
@@ -500,6 +522,8 @@ class RSPOLoop(pl.Callback):
             if self.replay_from in ("history", "both"):
                 self._store(played, count=False)
             values["rspo/repeat_visits_A"] = repeat_visit_rate(played, self.exploration_window)
+            if self.reuse_a_episodes:
+                self.a_last = list(played)
         pl_module.log_dict(
             {
                 **values,
@@ -516,6 +540,7 @@ class RSPOLoop(pl.Callback):
         )
         pl_module.log("phase", PHASE_CODE[phase], prog_bar=True, on_step=True, logger=False)
         self.explored = []
+        self._reused = False
 
     # -- validation always measures agent A -----------------------------------------------------
     def on_validation_start(self, trainer, pl_module) -> None:
@@ -536,6 +561,7 @@ class RSPOLoop(pl.Callback):
             "snapshot": self.snapshot,
             "counts": dict(self.counts),
             "b_state": self.b_state,
+            "a_last": [trajectory_to_dict(t) for t in self.a_last],
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -543,3 +569,4 @@ class RSPOLoop(pl.Callback):
         self.snapshot = state["snapshot"]
         self.counts = dict(state["counts"])
         self.b_state = state.get("b_state")
+        self.a_last = [trajectory_from_dict(t) for t in state.get("a_last", [])]
