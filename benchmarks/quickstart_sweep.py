@@ -32,6 +32,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     # the same 128 episodes an iteration as 8 tasks x 16: a near-deterministic policy that fails a task
     # is more likely to win one of 16 samples, so fewer groups are all-fail (no GRPO signal)
     "group16": ("--data.groups_per_iteration=8", "--data.group_size=16"),
+    # the task next to the admissible actions: the failures are copy failures (a wrong object or goal chosen)
+    "near": ("--model.rollout.template=compact_near",),
 }
 HEADER = "| variant | seeds | end valid_seen per seed | end valid_seen | end valid_unseen | best valid_seen | s / iteration |"
 

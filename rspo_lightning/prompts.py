@@ -44,6 +44,16 @@ COMPACT_TEMPLATE_NO_HISTORY = (
     "Task: {task}\nObservation: {observation}\nAdmissible actions:{admissible}\nAnswer with <action> </action>."
 )
 
+# compact with the task moved next to the admissible actions: the words the chosen action must copy
+# (object, goal receptacle) sit a few tokens before the answer instead of behind the history.
+COMPACT_NEAR_TEMPLATE = (
+    "Step {current_step}. Recent history:{history}\nObservation: {observation}\nTask: {task}\n"
+    "Admissible actions:{admissible}\nAnswer with <action> </action>."
+)
+COMPACT_NEAR_TEMPLATE_NO_HISTORY = (
+    "Observation: {observation}\nTask: {task}\nAdmissible actions:{admissible}\nAnswer with <action> </action>."
+)
+
 SYSTEM_PROMPT = "You are a helpful assistant."
 PRIVILEGED_PREFIX = "Full state:"  # what an asymmetric critic reads before the env's state text
 ACTION_OPEN = "<action>"
@@ -52,6 +62,7 @@ ACTION_CLOSE = "</action>"
 TEMPLATES: dict[str, tuple[str, str]] = {
     "household": (HOUSEHOLD_TEMPLATE, HOUSEHOLD_TEMPLATE_NO_HISTORY),
     "compact": (COMPACT_TEMPLATE, COMPACT_TEMPLATE_NO_HISTORY),
+    "compact_near": (COMPACT_NEAR_TEMPLATE, COMPACT_NEAR_TEMPLATE_NO_HISTORY),
 }
 
 

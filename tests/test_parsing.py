@@ -97,3 +97,16 @@ def test_first_step_prompt_has_no_history_section():
         history_window=0,
     )
     assert "Observation 1" not in text0
+
+
+def test_compact_near_puts_the_task_between_the_observation_and_the_actions():
+    history = [HistoryEntry("obs1", "act1")]
+    kw = dict(task="put a apple in fridge.", observation="now", admissible=ADM, history=history, step=1)
+    near = render_prompt("compact_near", history_window=2, **kw)
+    assert near.index("Observation 1: obs1") < near.index("Observation: now") < near.index("Task: put a apple")
+    assert near.index("Task: put a apple") < near.index("Admissible actions:") < near.index("\n- go to shelf 1")
+    assert near.count("put a apple") == 1
+    # the same words as compact, in another order
+    assert sorted(near.split()) == sorted(render_prompt("compact", history_window=2, **kw).split())
+    first = render_prompt("compact_near", history_window=2, **{**kw, "history": [], "step": 0})
+    assert first.startswith("Observation: now\nTask: put a apple in fridge.\nAdmissible actions:")

@@ -43,6 +43,7 @@ def test_every_variant_parses():
         "cliphigh": lambda c: c["model"]["algorithm"]["clip_eps_high"] == 0.28,
         "hist4": lambda c: c["model"]["rollout"]["history_window"] == 4,
         "group16": lambda c: (c["data"]["groups_per_iteration"], c["data"]["group_size"]) == (8, 16),
+        "near": lambda c: c["model"]["rollout"]["template"] == "compact_near",
     }
     assert set(sweep.VARIANTS) == {"base", *expect}
     for name, check in expect.items():
