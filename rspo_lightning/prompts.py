@@ -7,6 +7,7 @@ therefore stays flat however long the episode runs (docs/design.md §3).
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -159,11 +160,23 @@ def chat_prompt_ids(tokenizer, user_message: str, system_prompt: str | None = SY
     return tokenizer(chat_prompt_text(tokenizer, user_message, system_prompt), add_special_tokens=False)["input_ids"]
 
 
+def _words(text: str) -> set[str]:
+    """The words of ``text`` as the tiny tokenizer splits them (white space, then . , ; : ! ?)."""
+    return set(re.findall(r"[.,;:!?]|[^\s.,;:!?]+", text))
+
+
 def template_texts() -> list[str]:
-    """Every fixed string the prompts use (to train a word-level tokenizer on)."""
+    """Every fixed string the prompts use (to train a word-level tokenizer on).
+
+    A template pair whose words all occur in the texts before it (``compact_near`` reorders
+    ``compact``'s words) is left out: it adds no word to the vocabulary, and its counts would
+    only reorder the tiny tokenizer's ids (the trainer ranks words by frequency), so every tiny
+    run would start from other weights than the runs recorded before it was added."""
     texts = [SYSTEM_PROMPT, PRIVILEGED_PREFIX]
     for pair in TEMPLATES.values():
-        texts.extend(pair)
+        known = set().union(*map(_words, texts))
+        if not set().union(*map(_words, pair)) <= known:
+            texts.extend(pair)
     texts.append("- Observation 1: Action 1:")
     return texts
 

@@ -1,5 +1,6 @@
 """Parsing and prompts: hand-written cases."""
 
+from rspo_lightning import prompts
 from rspo_lightning.parsing import parse_response
 from rspo_lightning.prompts import HistoryEntry, render_prompt
 
@@ -110,3 +111,23 @@ def test_compact_near_puts_the_task_between_the_observation_and_the_actions():
     assert sorted(near.split()) == sorted(render_prompt("compact", history_window=2, **kw).split())
     first = render_prompt("compact_near", history_window=2, **{**kw, "history": [], "step": 0})
     assert first.startswith("Observation: now\nTask: put a apple in fridge.\nAdmissible actions:")
+
+
+def test_template_texts_cover_every_template_without_reordering_the_tiny_vocabulary():
+    # the texts the tiny tokenizer trains on are those from before compact_near existed, so its ids
+    # (and every recorded tiny run) stay as they were; compact_near's words are all among them
+    expected = [
+        prompts.SYSTEM_PROMPT,
+        prompts.PRIVILEGED_PREFIX,
+        prompts.HOUSEHOLD_TEMPLATE,
+        prompts.HOUSEHOLD_TEMPLATE_NO_HISTORY,
+        prompts.COMPACT_TEMPLATE,
+        prompts.COMPACT_TEMPLATE_NO_HISTORY,
+        "- Observation 1: Action 1:",
+    ]
+    assert prompts.template_texts() == expected
+    vocabulary = set().union(*map(prompts._words, expected))
+    for name, pair in prompts.TEMPLATES.items():
+        for text in pair:
+            assert prompts._words(text) <= vocabulary, name
+    assert prompts._words("Task: put a apple.") == {"Task", ":", "put", "a", "apple", "."}
