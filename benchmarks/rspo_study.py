@@ -165,6 +165,15 @@ def rspo(
     return Run(config, overrides, loop=k + collect + a_per_loop, k=a_per_loop, to_budget=exploit_k is not None)
 
 
+# combo's D: all of B's episodes plus A's own recent groups, replay slots for wins only
+COMBO_D = (cb("replay_from", "both"), cb("buffer_from", "explore+collect"), cb("replay_slots", "positive"))
+
+
+def lean(*overrides: str) -> Run:
+    """The lean loop with combo's D: B explores 1 iteration and collects, A exploits 3."""
+    return rspo(*COMBO_D, *overrides, k=1, exploit_k=3)
+
+
 def noisy(
     sigma: float,
 ) -> tuple[str, ...]:  # B's dense reward plus N(0, sigma^2) per turn, noise seeded by the run's seed
@@ -186,9 +195,7 @@ RUNS: dict[str, Run] = {
     "grpo_rspo_o": rspo(cb("explorer_reward", "outcome")),  # RSPO_O: B on the outcome reward
     # the best explorer configuration measured (docs/rspo_study.md, 5 seeds): the screening's levers together,
     # D = all of B's episodes plus A's own recent groups, slots for wins only
-    "grpo_rspo_combo": rspo(
-        cb("replay_from", "both"), cb("buffer_from", "explore+collect"), cb("replay_slots", "positive")
-    ),
+    "grpo_rspo_combo": rspo(*COMBO_D),
     # -- ablations of the defaults (--ablation-seeds) --
     "grpo_rspo_mixed": rspo(cb("explorer_reward", "outcome+dense"), cb("dense_scale", SHAPED_SCALE)),
     "grpo_rspo_group": rspo(cb("replay_unit", "group")),
@@ -216,34 +223,13 @@ RUNS: dict[str, Run] = {
     "grpo_rspo_persistent": rspo(cb("explorer_resync_every", 3)),  # B persists 3 loops, then B := A
     # a lean loop: B explores 1 iteration and collects, A exploits 3 (A plays 3 of 5 iterations, not 3 of 7),
     # with combo's D (B's episodes + A's own recent groups, slots for wins only)
-    "grpo_rspo_lean": rspo(
-        cb("replay_from", "both"),
-        cb("buffer_from", "explore+collect"),
-        cb("replay_slots", "positive"),
-        k=1,
-        exploit_k=3,
-    ),
+    "grpo_rspo_lean": lean(),
     # the lean loop whose B makes its update on A's last exploit episodes (rescored with progress deltas)
     # instead of playing its own: B plays only the collection, 1 of every 4 played iterations instead of 2 of 5
-    "grpo_rspo_lean_reuse": rspo(
-        cb("replay_from", "both"),
-        cb("buffer_from", "explore+collect"),
-        cb("replay_slots", "positive"),
-        cb("reuse_a_episodes", "true"),
-        k=1,
-        exploit_k=3,
-    ),
+    "grpo_rspo_lean_reuse": lean(cb("reuse_a_episodes", "true")),
     # the lean loop with a B that is paid for reaching states new to its episode (NoveltyBonus on progress
     # deltas, credited per turn): progress deltas telescope, so nothing else rewards B for covering the house
-    "grpo_rspo_lean_novelty": rspo(
-        cb("replay_from", "both"),
-        cb("buffer_from", "explore+collect"),
-        cb("replay_slots", "positive"),
-        cb("explorer_credit", "turn"),
-        f"--model.dense_reward={NOVELTY}",
-        k=1,
-        exploit_k=3,
-    ),
+    "grpo_rspo_lean_novelty": lean(cb("explorer_credit", "turn"), f"--model.dense_reward={NOVELTY}"),
     # the paper's B: a learned process reward (SPA-RL's progress model) fitted on the hard setting's episodes
     # by benchmarks/prm_hard.py, in place of progress deltas
     "grpo_rspo_prm": rspo(

@@ -257,9 +257,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         trajectories = drop_faulty(played, self.estimator.group_relative)
         self.episodes_dropped += len(played) - len(trajectories)
         if dense:
-            if self.dense_reward is None:
-                raise ValueError(f"a dense reward mode needs a dense reward source: {DENSE_HINT}")
-            assign_dense_rewards(self.dense_reward, trajectories)
+            self._assign_dense(trajectories)
         self.env_steps += int(self._all_ranks(sum(len(t.turns) for t in trajectories)))
         return trajectories
 
@@ -272,10 +270,13 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
             for t in trajectories
         ]
         if dense:
-            if self.dense_reward is None:
-                raise ValueError(f"a dense reward mode needs a dense reward source: {DENSE_HINT}")
-            assign_dense_rewards(self.dense_reward, copies)
+            self._assign_dense(copies)
         return copies
+
+    def _assign_dense(self, trajectories: list[Trajectory]) -> None:
+        if self.dense_reward is None:
+            raise ValueError(f"a dense reward mode needs a dense reward source: {DENSE_HINT}")
+        assign_dense_rewards(self.dense_reward, trajectories)
 
     def outcome_advantages(self, trajectories: list[Trajectory]) -> list[float] | None:
         """RSPOLoop's stored advantages of B's groups (``credit.outcome_advantages``)."""
