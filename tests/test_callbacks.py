@@ -104,7 +104,7 @@ def test_a_fit_with_csvlogger_writes_every_series_and_transcripts_as_files(tmp_p
             "--trainer.callbacks.k=1",
             "--data.iterations_per_epoch=3",
             "--data.groups_per_iteration=2",
-            "--data.group_size=2",
+            "--data.group_size=4",
             "--data.num_val_tasks=2",
             "--transcripts.every_n_iterations=1",
             "--trainer.enable_progress_bar=false",
@@ -112,7 +112,11 @@ def test_a_fit_with_csvlogger_writes_every_series_and_transcripts_as_files(tmp_p
             "--model.policy.tiny.hidden_size=32",
             "--model.policy.tiny.intermediate_size=64",
             "--model.policy.tiny.num_layers=1",
-            "--data.env.kwargs.max_steps=4",
+            # train/* is logged only by an iteration with a non-zero advantage: two receptacles and
+            # 8 steps let the untrained policy take the target (B's dense signal) on every seed
+            # tried (0-2), where 4 receptacles, 4 steps and groups of 2 trained nothing on seeds 1-2
+            "--data.env.kwargs.num_receptacles=2",
+            "--data.env.kwargs.max_steps=8",
         ]
     )
     run = tmp_path / "csv" / "version_0"
