@@ -1,0 +1,183 @@
+"""What the quickstart's plateau is made of: grounding the task's words in the chosen action.
+
+Two measurements in the quickstart's Household setting (``configs/quickstart.yaml``'s env):
+
+``--scripted``: scripted agents that see only what the policy sees (the task text, the
+observations, the admissible actions and their own last ``--memory`` moves, as
+``history_window`` shows them) and differ in two switches: whether they read the task's
+**object** word when they take something, and its **goal receptacle** word when they carry
+something. An agent that reads neither still has every skill (go, open, take, put somewhere
+else than where the object was taken); so its success is what the skills alone earn, and the
+gaps to the others are what each grounding is worth.
+
+``--episodes FILE``: the same two decisions counted in a policy's own episodes (trajectory
+JSONL, e.g. ``rspo-lightning predict``'s): each episode is replayed in the env from its task and
+actions, and at every turn where a choice existed the action is scored:
+- *object*: at a receptacle showing both a target-type object and another one, with nothing in
+  hand, the agent took the target (``take`` of the target / ``take`` of anything);
+- *goal*: carrying a target, away from every goal-type receptacle, the agent went to one
+  (``go to`` a goal receptacle / ``go to`` anything).
+
+    python benchmarks/grounding.py --scripted
+    rspo-lightning predict --config configs/quickstart.yaml --ckpt_path last \\
+        --data.predict_splits '[valid_seen,valid_unseen]' --data.num_val_tasks 128
+    python benchmarks/grounding.py --episodes runs/quickstart/version_0/predictions/valid_seen-iteration80.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+
+import yaml
+
+from rspo_lightning.envs.household import Household
+
+ROOT = Path(__file__).resolve().parents[1]
+_TASK = re.compile(r"put (?:a|some) (\w+) (?:in|on) (\w+)\.")
+
+
+def quickstart_env() -> Household:
+    """The env of ``configs/quickstart.yaml`` (its ``data.env.kwargs``)."""
+    cfg = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
+    return Household(**cfg["data"]["env"]["kwargs"])
+
+
+def _kind(name: str) -> str:
+    """The type word of a numbered name: "garbagecan 1" -> "garbagecan"."""
+    return name.rsplit(" ", 1)[0]
+
+
+def task_words(instruction: str) -> tuple[str, str]:
+    """(object type, goal receptacle type) of a pick-and-place instruction."""
+    m = _TASK.fullmatch(instruction.strip())
+    if m is None:
+        raise ValueError(f"not a pick-and-place instruction: {instruction!r}")
+    return m.group(1), m.group(2)
+
+
+def scripted_episode(
+    env: Household, split: str, task_id: int, *, read_object: bool, read_goal: bool, memory: int, rng: random.Random
+) -> bool:
+    """One episode of the scripted agent (see the module docstring); True when won."""
+    _, info = env.reset(options={"split": split, "task_id": task_id})
+    obj, goal = task_words(info["task"])
+    at = held = taken_at = None
+    moves: list[str] = []  # receptacles gone to, in order
+    for _ in range(env.max_steps):
+        adm = info["admissible_actions"]
+        puts = [a for a in adm if a.startswith("put ")]
+        opens = [a for a in adm if a.startswith("open ")]
+        gos = [a for a in adm if a.startswith("go to ")]
+        if held is not None:
+            here_ok = at is not None and (_kind(at) == goal if read_goal else at != taken_at)
+            action = (puts or opens)[0] if here_ok and (puts or opens) else None
+            if action is None:
+                dest = [a for a in gos if _kind(a[6:]) == goal] if read_goal else [a for a in gos if a[6:] != taken_at]
+                action = rng.choice(dest or gos)
+        else:
+            takes = [a for a in adm if a.startswith("take ")]
+            if read_object:
+                takes = [a for a in takes if _kind(a[5:].split(" from ")[0]) == obj]
+            if takes:
+                action = rng.choice(takes)
+            elif opens:
+                action = opens[0]
+            else:
+                recent = set(moves[-memory:]) if memory else set()
+                action = rng.choice([a for a in gos if a[6:] not in recent] or gos)
+        if action.startswith("go to "):
+            at = action[6:]
+            moves.append(at)
+        elif action.startswith("take "):
+            held, taken_at = action[5:].split(" from ")[0], at
+        elif action.startswith("put "):
+            held = None
+        _, _, won, truncated, info = env.step(action)
+        if won or truncated:
+            return bool(won)
+    return False
+
+
+def scripted_table(env: Household, num_tasks: int, memory: int, repeats: int) -> list[dict]:
+    """Success of the four scripted agents on both validation splits, ``repeats`` seeds each."""
+    rows = []
+    for read_object, read_goal in [(True, True), (True, False), (False, True), (False, False)]:
+        row = {"reads object": read_object, "reads goal": read_goal}
+        for split in ("valid_seen", "valid_unseen"):
+            rates = []
+            for rep in range(repeats):
+                rng = random.Random(rep)
+                won = [
+                    scripted_episode(
+                        env, split, i, read_object=read_object, read_goal=read_goal, memory=memory, rng=rng
+                    )
+                    for i in range(num_tasks)
+                ]
+                rates.append(sum(won) / len(won))
+            row[split] = (statistics.mean(rates), statistics.pstdev(rates))
+        rows.append(row)
+    return rows
+
+
+def decision_counts(env: Household, episodes: Iterable[dict]) -> dict[str, list[int]]:
+    """Per decision kind, [right, made] over the episodes' turns (see the module docstring).
+
+    ``episodes``: trajectory dicts with ``task`` (``split``, ``task_id``) and ``turns`` (``action``)."""
+    counts = {"object": [0, 0], "goal": [0, 0]}
+    for ep in episodes:
+        _, info = env.reset(options={"split": ep["task"]["split"], "task_id": ep["task"]["task_id"]})
+        obj, goal = task_words(info["task"])
+        held = None
+        for turn in ep["turns"]:
+            adm, action = info["admissible_actions"], turn["action"]
+            takes = [_kind(a[5:].split(" from ")[0]) for a in adm if a.startswith("take ")]
+            gos = [_kind(a[6:]) for a in adm if a.startswith("go to ")]
+            if held is None and obj in takes and any(t != obj for t in takes) and action.startswith("take "):
+                counts["object"][1] += 1
+                counts["object"][0] += _kind(action[5:].split(" from ")[0]) == obj
+            at_goal = env._at is not None and _kind(env._at) == goal
+            if held is not None and _kind(held) == obj and not at_goal and goal in gos and action.startswith("go to "):
+                counts["goal"][1] += 1
+                counts["goal"][0] += _kind(action[6:]) == goal
+            if action.startswith("take ") and action in adm:
+                held = action[5:].split(" from ")[0]
+            elif action.startswith("put ") and action in adm:
+                held = None
+            _, _, won, truncated, info = env.step(action)
+            if won or truncated:
+                break
+    return counts
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scripted", action="store_true", help="the scripted agents' table")
+    p.add_argument("--episodes", nargs="*", default=[], help="trajectory JSONL files to count decisions in")
+    p.add_argument("--num-tasks", type=int, default=128, help="tasks per split (scripted)")
+    p.add_argument("--memory", type=int, default=2, help="own moves remembered (the quickstart's history_window)")
+    p.add_argument("--repeats", type=int, default=5, help="random seeds per scripted agent")
+    args = p.parse_args(argv)
+    env = quickstart_env()
+    if args.scripted:
+        print(f"scripted agents, {args.num_tasks} tasks per split, memory {args.memory}, {args.repeats} seeds:")
+        print("| reads object | reads goal | valid_seen | valid_unseen |")
+        print("|---|---|---|---|")
+        for row in scripted_table(env, args.num_tasks, args.memory, args.repeats):
+            cells = [f"{m:.3f} ± {s:.3f}" for m, s in (row["valid_seen"], row["valid_unseen"])]
+            print(f"| {row['reads object']} | {row['reads goal']} | {' | '.join(cells)} |")
+    for path in args.episodes:
+        episodes = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        c = decision_counts(env, episodes)
+        won = sum(bool(e["success"]) for e in episodes)
+        parts = [f"{k} {r}/{n} = {r / max(n, 1):.3f}" for k, (r, n) in c.items()]
+        print(f"{path}: {len(episodes)} episodes, {won} won; right choices: " + ", ".join(parts))
+
+
+if __name__ == "__main__":
+    main()
