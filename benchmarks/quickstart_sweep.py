@@ -34,6 +34,10 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "group16": ("--data.groups_per_iteration=8", "--data.group_size=16"),
     # the task next to the admissible actions: the failures are copy failures (a wrong object or goal chosen)
     "near": ("--model.rollout.template=compact_near",),
+    # capacity for the copy circuits at about the same cost: twice the heads of half the width
+    "heads8": ("--model.policy.tiny={hidden_size: 128, num_layers: 2, num_heads: 8, intermediate_size: 256}",),
+    # a third layer (previous-token, match and copy steps; benchmarks/grounding.py names the skill)
+    "l3": ("--model.policy.tiny={hidden_size: 128, num_layers: 3, num_heads: 4, intermediate_size: 256}",),
 }
 HEADER = "| variant | seeds | end valid_seen per seed | end valid_seen | end valid_unseen | best valid_seen | s / iteration |"
 
@@ -99,6 +103,11 @@ def main() -> None:
     p.add_argument("--runs", default="runs/quickstart_sweep", help="TensorBoard runs (untracked)")
     p.add_argument("--records", default=str(RECORDS), help="tracked records")
     p.add_argument("--summarise-only", action="store_true")
+    p.add_argument(
+        "--checkpoints",
+        action="store_true",
+        help="keep each run's checkpoints in <runs>/<variant>/seed<k>/checkpoints (for predict and benchmarks/grounding.py)",
+    )
     args = p.parse_args()
     records = Path(args.records)
     if not args.summarise_only:
@@ -118,7 +127,9 @@ def main() -> None:
 
         def one(job: tuple[str, int]) -> None:
             name, seed = job
-            run_dir = fit_job(name, CONFIG, seed, list(VARIANTS[name]), args.runs, threads=args.threads)
+            keep = Path(args.runs) / name / f"seed{seed}" / "checkpoints"
+            extra = ["--trainer.enable_checkpointing=true", f"--checkpoint.dirpath={keep}"] if args.checkpoints else []
+            run_dir = fit_job(name, CONFIG, seed, [*VARIANTS[name], *extra], args.runs, threads=args.threads)
             out = records / name / f"seed{seed}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(record(name, seed, run_dir), indent=1) + "\n")

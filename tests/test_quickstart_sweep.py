@@ -44,6 +44,10 @@ def test_every_variant_parses():
         "hist4": lambda c: c["model"]["rollout"]["history_window"] == 4,
         "group16": lambda c: (c["data"]["groups_per_iteration"], c["data"]["group_size"]) == (8, 16),
         "near": lambda c: c["model"]["rollout"]["template"] == "compact_near",
+        "heads8": lambda c: (
+            (c["model"]["policy"]["tiny"]["num_heads"], c["model"]["policy"]["tiny"]["hidden_size"]) == (8, 128)
+        ),
+        "l3": lambda c: c["model"]["policy"]["tiny"]["num_layers"] == 3,
     }
     assert set(sweep.VARIANTS) == {"base", *expect}
     for name, check in expect.items():
