@@ -16,7 +16,8 @@ actions, and at every turn where a choice existed the action is scored:
 - *object*: at a receptacle showing both a target-type object and another one, with nothing in
   hand, the agent took the target (``take`` of the target / ``take`` of anything);
 - *goal*: carrying a target, away from every goal-type receptacle, the agent went to one
-  (``go to`` a goal receptacle / ``go to`` anything).
+  (``go to`` a goal receptacle / ``go to`` anything);
+each beside its chance level, what a uniform choice among the same options would get.
 
     python benchmarks/grounding.py --scripted
     rspo-lightning predict --config configs/quickstart.yaml --ckpt_path last \\
@@ -125,11 +126,13 @@ def scripted_table(env: Household, num_tasks: int, memory: int, repeats: int) ->
     return rows
 
 
-def decision_counts(env: Household, episodes: Iterable[dict]) -> dict[str, list[int]]:
-    """Per decision kind, [right, made] over the episodes' turns (see the module docstring).
+def decision_counts(env: Household, episodes: Iterable[dict]) -> dict[str, list[float]]:
+    """Per decision kind, [right, made, chance] over the episodes' turns (see the module
+    docstring); chance sums, over the decisions made, the share of the options that were right
+    (what a uniform choice among them would get).
 
     ``episodes``: trajectory dicts with ``task`` (``split``, ``task_id``) and ``turns`` (``action``)."""
-    counts = {"object": [0, 0], "goal": [0, 0]}
+    counts = {"object": [0, 0, 0.0], "goal": [0, 0, 0.0]}
     for ep in episodes:
         _, info = env.reset(options={"split": ep["task"]["split"], "task_id": ep["task"]["task_id"]})
         obj, goal = task_words(info["task"])
@@ -141,10 +144,12 @@ def decision_counts(env: Household, episodes: Iterable[dict]) -> dict[str, list[
             if held is None and obj in takes and any(t != obj for t in takes) and action.startswith("take "):
                 counts["object"][1] += 1
                 counts["object"][0] += _kind(action[5:].split(" from ")[0]) == obj
+                counts["object"][2] += takes.count(obj) / len(takes)
             at_goal = env._at is not None and _kind(env._at) == goal
             if held is not None and _kind(held) == obj and not at_goal and goal in gos and action.startswith("go to "):
                 counts["goal"][1] += 1
                 counts["goal"][0] += _kind(action[6:]) == goal
+                counts["goal"][2] += gos.count(goal) / len(gos)
             if action.startswith("take ") and action in adm:
                 held = action[5:].split(" from ")[0]
             elif action.startswith("put ") and action in adm:
@@ -175,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         episodes = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
         c = decision_counts(env, episodes)
         won = sum(bool(e["success"]) for e in episodes)
-        parts = [f"{k} {r}/{n} = {r / max(n, 1):.3f}" for k, (r, n) in c.items()]
+        parts = [f"{k} {r}/{n} = {r / max(n, 1):.3f} (chance {ch / max(n, 1):.3f})" for k, (r, n, ch) in c.items()]
         print(f"{path}: {len(episodes)} episodes, {won} won; right choices: " + ", ".join(parts))
 
 
