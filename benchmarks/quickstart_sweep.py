@@ -22,7 +22,10 @@ from _runs import ROOT, commit, fit_job, fmt, mean_std, parse_seeds, read_events
 CONFIG = "configs/quickstart.yaml"
 RECORDS = ROOT / "docs" / "data" / "quickstart_sweep"
 
-# name -> CLI overrides on top of configs/quickstart.yaml ("base" is the config as shipped)
+# every variant runs on the prompt the sweep started from (compact; the config ships compact_near
+# since 2026-12-03, measured here as "near"), so the records stay comparable
+COMMON = ("--model.rollout.template=compact",)
+# name -> CLI overrides on top of configs/quickstart.yaml and COMMON ("base": COMMON alone)
 VARIANTS: dict[str, tuple[str, ...]] = {
     "base": (),
     "h256": ("--model.policy.tiny={hidden_size: 256, num_layers: 2, num_heads: 4, intermediate_size: 512}",),
@@ -129,7 +132,7 @@ def main() -> None:
             name, seed = job
             keep = Path(args.runs) / name / f"seed{seed}" / "checkpoints"
             extra = ["--trainer.enable_checkpointing=true", f"--checkpoint.dirpath={keep}"] if args.checkpoints else []
-            run_dir = fit_job(name, CONFIG, seed, [*VARIANTS[name], *extra], args.runs, threads=args.threads)
+            run_dir = fit_job(name, CONFIG, seed, [*COMMON, *VARIANTS[name], *extra], args.runs, threads=args.threads)
             out = records / name / f"seed{seed}.json"
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(record(name, seed, run_dir), indent=1) + "\n")

@@ -38,6 +38,7 @@ def test_summary_from_records(tmp_path):
 
 def test_every_variant_parses():
     expect = {
+        "base": lambda c: True,
         "h256": lambda c: c["model"]["policy"]["tiny"]["hidden_size"] == 256,
         "ent01": lambda c: c["model"]["algorithm"]["entropy_coef"] == 0.01,
         "cliphigh": lambda c: c["model"]["algorithm"]["clip_eps_high"] == 0.28,
@@ -49,9 +50,21 @@ def test_every_variant_parses():
         ),
         "l3": lambda c: c["model"]["policy"]["tiny"]["num_layers"] == 3,
     }
-    assert set(sweep.VARIANTS) == {"base", *expect}
+    assert set(sweep.VARIANTS) == set(expect)
     for name, check in expect.items():
-        cmd = [sys.executable, "-m", "rspo_lightning.cli", "fit", "--config", sweep.CONFIG, *sweep.VARIANTS[name]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "rspo_lightning.cli",
+            "fit",
+            "--config",
+            sweep.CONFIG,
+            *sweep.COMMON,
+            *sweep.VARIANTS[name],
+        ]
         out = subprocess.run(cmd + ["--print_config"], cwd=ROOT, env=dict(os.environ), capture_output=True, text=True)
         assert out.returncode == 0, out.stderr[-2000:]
-        assert check(yaml.safe_load(out.stdout)), name
+        config = yaml.safe_load(out.stdout)
+        assert check(config), name
+        # every variant but near keeps the sweep's compact prompt (COMMON), whatever the config ships
+        assert config["model"]["rollout"]["template"] == ("compact_near" if name == "near" else "compact"), name
