@@ -37,7 +37,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "group16": ("--data.groups_per_iteration=8", "--data.group_size=16"),
     # the task next to the admissible actions: the failures are copy failures (a wrong object or goal chosen)
     "near": ("--model.rollout.template=compact_near",),
-    # capacity for the copy circuits at about the same cost: twice the heads of half the width
+    # capacity for the copy circuits: twice the heads of half the width (the same FLOPs, 1.3x the time measured)
     "heads8": ("--model.policy.tiny={hidden_size: 128, num_layers: 2, num_heads: 8, intermediate_size: 256}",),
     # a third layer (previous-token, match and copy steps; benchmarks/grounding.py names the skill)
     "l3": ("--model.policy.tiny={hidden_size: 128, num_layers: 3, num_heads: 4, intermediate_size: 256}",),
@@ -64,6 +64,7 @@ def record(variant: str, seed: int, run_dir: Path) -> dict:
         "variant": variant,
         "seed": seed,
         "overrides": list(VARIANTS[variant]),
+        "common": list(COMMON),  # applied before the overrides (records made before 2026-12-03 lack the key)
         "commit": commit(),
         "valid_seen": seen,
         "valid_unseen": unseen,
