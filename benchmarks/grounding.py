@@ -38,6 +38,7 @@ from pathlib import Path
 import yaml
 
 from rspo_lightning.envs.household import Household
+from rspo_lightning.envs.household import _type_of as _kind  # "garbagecan 1" -> "garbagecan"
 
 ROOT = Path(__file__).resolve().parents[1]
 _TASK = re.compile(r"put (?:a|some) (\w+) (?:in|on) (\w+)\.")
@@ -47,11 +48,6 @@ def quickstart_env() -> Household:
     """The env of ``configs/quickstart.yaml`` (its ``data.env.kwargs``)."""
     cfg = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
     return Household(**cfg["data"]["env"]["kwargs"])
-
-
-def _kind(name: str) -> str:
-    """The type word of a numbered name: "garbagecan 1" -> "garbagecan"."""
-    return name.rsplit(" ", 1)[0]
 
 
 def task_words(instruction: str) -> tuple[str, str]:

@@ -309,6 +309,15 @@ def _finish(
 # --------------------------------------------------------------------------- tiny preset
 
 
+def tiny_pre_tokenizer():
+    """How the tiny tokenizer splits text into words: at white space, then . , ; : ! ? apart."""
+    from tokenizers import Regex
+    from tokenizers.pre_tokenizers import Sequence as PreTokenizerSequence
+    from tokenizers.pre_tokenizers import Split, WhitespaceSplit
+
+    return PreTokenizerSequence([WhitespaceSplit(), Split(Regex(r"[.,;:!?]"), behavior="isolated")])
+
+
 def build_tiny_tokenizer(corpus: Sequence[str], model_max_length: int = 1024) -> PreTrainedTokenizerFast:
     """Word-level tokenizer: one token per whitespace-separated word of ``corpus``, with sentence
     punctuation (``. , ; : ! ?``) split off as its own token.
@@ -324,17 +333,15 @@ def build_tiny_tokenizer(corpus: Sequence[str], model_max_length: int = 1024) ->
         corpus: training texts (environment observations, instructions, actions, ...).
         model_max_length: longest sequence the model takes (its ``max_position_embeddings``).
     """
-    from tokenizers import Regex, Tokenizer
+    from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Sequence as PreTokenizerSequence
-    from tokenizers.pre_tokenizers import Split, WhitespaceSplit
     from tokenizers.trainers import WordLevelTrainer
 
     if isinstance(corpus, str):
         raise ValueError("corpus must be a sequence of texts, got a single str; wrap it: [text].")
     texts = [str(t) for t in corpus]
     backend = Tokenizer(WordLevel(unk_token=UNK_TOKEN))
-    backend.pre_tokenizer = PreTokenizerSequence([WhitespaceSplit(), Split(Regex(r"[.,;:!?]"), behavior="isolated")])
+    backend.pre_tokenizer = tiny_pre_tokenizer()
     trainer = WordLevelTrainer(vocab_size=10_000_000, min_frequency=1, special_tokens=list(TINY_SPECIAL_TOKENS))
     backend.train_from_iterator(texts, trainer=trainer)
     backend.add_tokens(list(TAG_TOKENS))

@@ -7,7 +7,6 @@ therefore stays flat however long the episode runs (docs/design.md §3).
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -161,8 +160,10 @@ def chat_prompt_ids(tokenizer, user_message: str, system_prompt: str | None = SY
 
 
 def _words(text: str) -> set[str]:
-    """The words of ``text`` as the tiny tokenizer splits them (white space, then . , ; : ! ?)."""
-    return set(re.findall(r"[.,;:!?]|[^\s.,;:!?]+", text))
+    """The words of ``text`` as the tiny tokenizer splits them (``language_model.tiny_pre_tokenizer``)."""
+    from rspo_lightning.language_model import tiny_pre_tokenizer
+
+    return {word for word, _ in tiny_pre_tokenizer().pre_tokenize_str(text)}
 
 
 def template_texts() -> list[str]:
@@ -173,10 +174,12 @@ def template_texts() -> list[str]:
     only reorder the tiny tokenizer's ids (the trainer ranks words by frequency), so every tiny
     run would start from other weights than the runs recorded before it was added."""
     texts = [SYSTEM_PROMPT, PRIVILEGED_PREFIX]
+    known = set().union(*map(_words, texts))
     for pair in TEMPLATES.values():
-        known = set().union(*map(_words, texts))
-        if not set().union(*map(_words, pair)) <= known:
+        words = set().union(*map(_words, pair))
+        if not words <= known:
             texts.extend(pair)
+            known |= words
     texts.append("- Observation 1: Action 1:")
     return texts
 
