@@ -41,6 +41,13 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "heads8": ("--model.policy.tiny={hidden_size: 128, num_layers: 2, num_heads: 8, intermediate_size: 256}",),
     # a third layer (previous-token, match and copy steps; benchmarks/grounding.py names the skill)
     "l3": ("--model.policy.tiny={hidden_size: 128, num_layers: 3, num_heads: 4, intermediate_size: 256}",),
+    # the shipped prompt with GiGPO's step groups (compare/gigpo.yaml's settings): episodes of a group standing
+    # at the same receptacle with the same objects are compared there, so "take the target" is credited per turn
+    "gigpo_near": (
+        "--model.rollout.template=compact_near",
+        "--model.algorithm.estimator=gigpo",
+        '--model.algorithm.estimator_kwargs={"gamma": 0.95, "omega": 1.0, "norm": "mean", "episode_stats": "steps"}',
+    ),
 }
 HEADER = "| variant | seeds | end valid_seen per seed | end valid_seen | end valid_unseen | best valid_seen | s / iteration |"
 

@@ -49,6 +49,11 @@ def test_every_variant_parses():
             (c["model"]["policy"]["tiny"]["num_heads"], c["model"]["policy"]["tiny"]["hidden_size"]) == (8, 128)
         ),
         "l3": lambda c: c["model"]["policy"]["tiny"]["num_layers"] == 3,
+        "gigpo_near": lambda c: (
+            c["model"]["algorithm"]["estimator"] == "gigpo"
+            and c["model"]["algorithm"]["estimator_kwargs"]["episode_stats"] == "steps"
+            and c["model"]["rollout"]["template"] == "compact_near"
+        ),
     }
     assert set(sweep.VARIANTS) == set(expect)
     for name, check in expect.items():
@@ -66,5 +71,6 @@ def test_every_variant_parses():
         assert out.returncode == 0, out.stderr[-2000:]
         config = yaml.safe_load(out.stdout)
         assert check(config), name
-        # every variant but near keeps the sweep's compact prompt (COMMON), whatever the config ships
-        assert config["model"]["rollout"]["template"] == ("compact_near" if name == "near" else "compact"), name
+        # every variant but the *near ones keeps the sweep's compact prompt (COMMON), whatever the config ships
+        near = name in ("near", "gigpo_near")
+        assert config["model"]["rollout"]["template"] == ("compact_near" if near else "compact"), name
