@@ -29,16 +29,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import re
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import yaml
+from lightning.pytorch.callbacks import Callback
 
 from rspo_lightning.envs.household import Household
 from rspo_lightning.envs.household import _type_of as _kind  # "garbagecan 1" -> "garbagecan"
+from rspo_lightning.trajectory_io import save_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
 _TASK = re.compile(r"put (?:a|some) (\w+) (?:in|on) (\w+)\.")
@@ -122,6 +125,30 @@ def scripted_table(env: Household, num_tasks: int, memory: int, repeats: int) ->
     return rows
 
 
+def decisions(env: Household, episode: dict) -> Iterator[tuple[str, bool, float, dict]]:
+    """The episode's object and goal decisions (see the module docstring), in order, as
+    ``(kind, right, chance, turn)``: ``chance`` is the share of the options that were right."""
+    _, info = env.reset(options={"split": episode["task"]["split"], "task_id": episode["task"]["task_id"]})
+    obj, goal = task_words(info["task"])
+    held = None
+    for turn in episode["turns"]:
+        adm, action = info["admissible_actions"], turn["action"]
+        takes = [_kind(a[5:].split(" from ")[0]) for a in adm if a.startswith("take ")]
+        gos = [_kind(a[6:]) for a in adm if a.startswith("go to ")]
+        if held is None and obj in takes and any(t != obj for t in takes) and action.startswith("take "):
+            yield "object", _kind(action[5:].split(" from ")[0]) == obj, takes.count(obj) / len(takes), turn
+        at_goal = env._at is not None and _kind(env._at) == goal
+        if held is not None and _kind(held) == obj and not at_goal and goal in gos and action.startswith("go to "):
+            yield "goal", _kind(action[6:]) == goal, gos.count(goal) / len(gos), turn
+        if action.startswith("take ") and action in adm:
+            held = action[5:].split(" from ")[0]
+        elif action.startswith("put ") and action in adm:
+            held = None
+        _, _, won, truncated, info = env.step(action)
+        if won or truncated:
+            break
+
+
 def decision_counts(env: Household, episodes: Iterable[dict]) -> dict[str, list[float]]:
     """Per decision kind, [right, made, chance] over the episodes' turns (see the module
     docstring); chance sums, over the decisions made, the share of the options that were right
@@ -130,30 +157,59 @@ def decision_counts(env: Household, episodes: Iterable[dict]) -> dict[str, list[
     ``episodes``: trajectory dicts with ``task`` (``split``, ``task_id``) and ``turns`` (``action``)."""
     counts = {"object": [0, 0, 0.0], "goal": [0, 0, 0.0]}
     for ep in episodes:
-        _, info = env.reset(options={"split": ep["task"]["split"], "task_id": ep["task"]["task_id"]})
-        obj, goal = task_words(info["task"])
-        held = None
-        for turn in ep["turns"]:
-            adm, action = info["admissible_actions"], turn["action"]
-            takes = [_kind(a[5:].split(" from ")[0]) for a in adm if a.startswith("take ")]
-            gos = [_kind(a[6:]) for a in adm if a.startswith("go to ")]
-            if held is None and obj in takes and any(t != obj for t in takes) and action.startswith("take "):
-                counts["object"][1] += 1
-                counts["object"][0] += _kind(action[5:].split(" from ")[0]) == obj
-                counts["object"][2] += takes.count(obj) / len(takes)
-            at_goal = env._at is not None and _kind(env._at) == goal
-            if held is not None and _kind(held) == obj and not at_goal and goal in gos and action.startswith("go to "):
-                counts["goal"][1] += 1
-                counts["goal"][0] += _kind(action[6:]) == goal
-                counts["goal"][2] += gos.count(goal) / len(gos)
-            if action.startswith("take ") and action in adm:
-                held = action[5:].split(" from ")[0]
-            elif action.startswith("put ") and action in adm:
-                held = None
-            _, _, won, truncated, info = env.step(action)
-            if won or truncated:
-                break
+        for kind, right, chance, _ in decisions(env, ep):
+            counts[kind][0] += right
+            counts[kind][1] += 1
+            counts[kind][2] += chance
     return counts
+
+
+def iteration_rows(env: Household, files: list[Path], bucket: int) -> list[dict]:
+    """Per ``bucket`` consecutive training iterations (one JSONL of the iteration's episodes
+    each, as ``EpisodeDump`` writes them): success, the object and goal decisions beside their
+    chance, the median probability the policy gave the object action it took, and how many
+    object decisions lay in a group of mixed outcomes (the only ones GRPO's episode advantage
+    teaches anything: in an all-won or all-lost group every advantage is 0)."""
+    rows = []
+    for start in range(0, len(files), bucket):
+        episodes = [json.loads(line) for f in files[start : start + bucket] for line in f.read_text().splitlines()]
+        outcomes: dict[tuple, set] = {}
+        for ep in episodes:
+            outcomes.setdefault((ep["iteration"], ep["task"]["group_id"]), set()).add(bool(ep["success"]))
+        counts = {"object": [0, 0, 0.0], "goal": [0, 0, 0.0]}
+        probs, mixed = [], 0
+        for ep in episodes:
+            for kind, right, chance, turn in decisions(env, ep):
+                counts[kind][0] += right
+                counts[kind][1] += 1
+                counts[kind][2] += chance
+                if kind == "object":
+                    probs.append(math.exp(sum(turn["behaviour_logprobs"])))
+                    mixed += len(outcomes[(ep["iteration"], ep["task"]["group_id"])]) == 2
+        rows.append(
+            {
+                "iterations": f"{start}-{start + len(files[start : start + bucket]) - 1}",
+                "success": sum(bool(e["success"]) for e in episodes) / max(len(episodes), 1),
+                **{k: (r / max(n, 1), ch / max(n, 1), n) for k, (r, n, ch) in counts.items()},
+                "object_action_p": statistics.median(probs) if probs else float("nan"),
+                "object_in_mixed_groups": mixed,
+            }
+        )
+    return rows
+
+
+class EpisodeDump(Callback):
+    """Write every training iteration's episodes to ``<out_dir>/iteration<NNNN>.jsonl`` (for
+    ``--iterations``); on the CLI: ``--trainer.callbacks+=grounding.EpisodeDump
+    --trainer.callbacks.out_dir DIR`` with ``benchmarks`` on ``PYTHONPATH``."""
+
+    def __init__(self, out_dir: str = "runs/episodes") -> None:
+        self.out_dir = Path(out_dir)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        n = trainer.fit_loop.epoch_loop.total_batch_idx
+        save_trajectories(str(self.out_dir / f"iteration{n:04d}.jsonl"), pl_module.last_trajectories)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -163,6 +219,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--num-tasks", type=int, default=128, help="tasks per split (scripted)")
     p.add_argument("--memory", type=int, default=2, help="own moves remembered (the quickstart's history_window)")
     p.add_argument("--repeats", type=int, default=5, help="random seeds per scripted agent")
+    p.add_argument("--iterations", help="a directory of EpisodeDump's per-iteration JSONL files")
+    p.add_argument("--bucket", type=int, default=10, help="iterations per row (--iterations)")
     args = p.parse_args(argv)
     env = quickstart_env()
     if args.scripted:
@@ -178,6 +236,18 @@ def main(argv: list[str] | None = None) -> None:
         won = sum(bool(e["success"]) for e in episodes)
         parts = [f"{k} {r}/{n} = {r / max(n, 1):.3f} (chance {ch / max(n, 1):.3f})" for k, (r, n, ch) in c.items()]
         print(f"{path}: {len(episodes)} episodes, {won} won; right choices: " + ", ".join(parts))
+    if args.iterations:
+        files = sorted(Path(args.iterations).glob("iteration*.jsonl"))
+        print(
+            "| iterations | success | object right (chance), n | goal right (chance), n | p(object action taken), median | object decisions in mixed groups |"
+        )
+        print("|---|---|---|---|---|---|")
+        for r in iteration_rows(env, files, args.bucket):
+            o, g = r["object"], r["goal"]
+            print(
+                f"| {r['iterations']} | {r['success']:.3f} | {o[0]:.3f} ({o[1]:.3f}), {o[2]} | {g[0]:.3f} ({g[1]:.3f}), {g[2]} "
+                f"| {r['object_action_p']:.3f} | {r['object_in_mixed_groups']} |"
+            )
 
 
 if __name__ == "__main__":
