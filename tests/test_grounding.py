@@ -1,6 +1,8 @@
 """benchmarks/grounding.py: the decision counts against a hand count on one episode, and the
 scripted agents' switches."""
 
+import json
+import math
 import random
 import sys
 from pathlib import Path
@@ -52,3 +54,30 @@ def test_scripted_agents_read_what_their_switches_say():
              for i in range(32)]  # fmt: skip
     assert sum(full) >= 30  # grounded in both words, 10 steps are enough for nearly every task
     assert sum(blind) < sum(full) - 10  # the skills alone win far fewer
+
+
+def test_iteration_rows_count_mixed_groups_and_action_probabilities(tmp_path):
+    env = grounding.quickstart_env()
+    wrong = ["go to bed 1", "take egg 1 from bed 1"]  # valid_seen task 1: one object decision, wrong
+    right = ["go to bed 1", "take cup 1 from bed 1"]  # the same decision, right
+
+    def ep(iteration, group, actions, success, logprob):
+        turns = [{"action": a, "behaviour_logprobs": [0.0, logprob]} for a in actions]
+        return {"iteration": iteration, "task": {"split": "valid_seen", "task_id": 1, "group_id": group},
+                "turns": turns, "success": success}  # fmt: skip
+
+    # iteration 0: group 7 mixed (one won), group 8 all lost; iteration 1: group 7 again, all lost
+    it0 = [ep(0, 7, right, True, -0.1), ep(0, 7, wrong, False, -0.2), ep(0, 8, wrong, False, -0.3)]
+    it1 = [ep(1, 7, wrong, False, -0.4)]
+    for n, eps in enumerate([it0, it1]):
+        (tmp_path / f"iteration{n:04d}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
+    files = sorted(tmp_path.glob("iteration*.jsonl"))
+    (row,) = grounding.iteration_rows(env, files, bucket=2)
+    assert row["iterations"] == "0-1"
+    assert row["success"] == pytest.approx(1 / 4)
+    assert row["object"] == (pytest.approx(1 / 4), pytest.approx(1 / 2), 4)  # 1 of 4 right, chance 1 of 2 each
+    assert row["goal"][2] == 0
+    # the probability of each object action taken: exp(-0.1 ... -0.4); median of four = mean of the middle two
+    assert row["object_action_p"] == pytest.approx((math.exp(-0.2) + math.exp(-0.3)) / 2)
+    # only iteration 0's group 7 had both outcomes: its 2 decisions; the same group id in iteration 1 is another group
+    assert row["object_in_mixed_groups"] == 2

@@ -1,0 +1,182 @@
+"""How many decisions the quickstart's object choice takes to learn, as a one-step problem.
+
+The quickstart's policy reads the task's goal word but takes the target object at chance
+(``benchmarks/grounding.py``). This script asks whether the choice itself is hard for the model:
+the quickstart's tiny Llama, from its own initialisation, sees the quickstart's prompt at a
+receptacle holding the target and another object ("<action> take" already written) and chooses
+the object token among the ones the constrained decoder allows there. Two ways to learn it:
+
+- ``supervised``: cross-entropy on the target (an upper bound: every decision carries the answer);
+- ``pg``: GRPO on the decision alone: ``--group`` samples per state, reward 1 for the target,
+  advantages normalised within the group, PPO's clipped loss over ``--epochs`` passes. With
+  ``--p-right`` / ``--p-wrong`` the reward is an episode's outcome instead, won with those
+  probabilities after the target / another object (what the rest of the episode adds as noise).
+
+Printed: the held-out accuracy (argmax over the allowed objects, valid_seen tasks) against the
+number of decisions sampled, and the first count at which it reaches ``--target``. Compare it
+with how many object decisions a quickstart run makes, and how many of them carry any GRPO signal
+(``grounding.py --iterations``).
+
+    python benchmarks/object_bandit.py --mode supervised
+    python benchmarks/object_bandit.py --mode pg --epochs 2 --seeds 0,1,2
+    python benchmarks/object_bandit.py --mode pg --epochs 2 --seeds 0,1,2 --p-right 0.57 --p-wrong 0.06
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+import yaml
+from grounding import ROOT, quickstart_env, task_words
+
+from rspo_lightning.envs.household import Household
+from rspo_lightning.envs.household import _type_of as _kind
+from rspo_lightning.language_model import TinyModelConfig, load_policy
+from rspo_lightning.prompts import HistoryEntry, action_response_ids, build_turn_prompt, template_texts
+from rspo_lightning.rollout import RolloutConfig
+
+State = tuple[list[int], int, list[int]]  # prompt ids ending in "<action> take", target token id, allowed ids
+
+
+def choice_states(env: Household, tokenizer, rollout: RolloutConfig, split: str, task_ids) -> list[State]:
+    """One object-choice state per task that has one: the first receptacle (in the env's order)
+    holding the target and another object type, reached by ``go to`` (and ``open`` if closed)."""
+    states = []
+    for task_id in task_ids:
+        obs, info = env.reset(options={"split": split, "task_id": task_id})
+        obj, _ = task_words(info["task"])
+        for line in info["privileged"].splitlines()[3:]:  # "cabinet 1 (closed): tomato 2, egg 1"
+            name, _, contents = line.partition(": ")
+            kinds = {_kind(c) for c in contents.split(", ") if c != "nothing"}
+            if obj not in kinds or len(kinds) < 2:
+                continue
+            receptacle = name.replace(" (closed)", "")
+            history = []
+            for action in [f"go to {receptacle}"] + ([f"open {receptacle}"] if "(closed)" in name else []):
+                next_obs, _, _, _, info = env.step(action)
+                history.append(HistoryEntry(obs, action))
+                obs = next_obs
+            prompt = build_turn_prompt(tokenizer, rollout, info, obs, history, len(history))
+            prefix = action_response_ids(tokenizer, "take")[:-1]  # "<action> take" (no "</action>")
+            takes = [a.split()[1] for a in info["admissible_actions"] if a.startswith("take ")]
+            allowed = sorted({tokenizer.convert_tokens_to_ids(w) for w in takes})
+            states.append((prompt + prefix, tokenizer.convert_tokens_to_ids(obj), allowed))
+            break
+    return states
+
+
+def choice_logits(model, pad_id: int, states: list[State]) -> torch.Tensor:
+    """Next-token logits after each state's prompt, ``[n, vocab]`` (left padding)."""
+    width = max(len(p) for p, _, _ in states)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p, _, _ in states])
+    attn = (ids != pad_id).long()
+    return model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0)).logits[:, -1]
+
+
+@torch.no_grad()
+def accuracy(model, pad_id: int, states: list[State]) -> float:
+    """Share of states whose highest-logit allowed object is the target."""
+    model.eval()
+    right = 0
+    for i in range(0, len(states), 64):
+        chunk = states[i : i + 64]
+        logits = choice_logits(model, pad_id, chunk)
+        right += sum(allowed[int(logits[j, allowed].argmax())] == t for j, (_, t, allowed) in enumerate(chunk))
+    model.train()
+    return right / len(states)
+
+
+def learn(args, seed: int, env: Household, cfg: dict) -> list[tuple[int, float]]:
+    """One learning curve: [(decisions sampled, held-out accuracy)], stopping at ``--target``."""
+    policy = cfg["model"]["policy"]
+    rollout = RolloutConfig(**cfg["model"]["rollout"])
+    corpus = env.sample_texts() + template_texts() + [rollout.system_prompt]  # what build_models trains on
+    model, tok = load_policy("tiny", tiny=TinyModelConfig(**policy["tiny"]), corpus=corpus)
+    torch.manual_seed(seed)
+    train = choice_states(env, tok, rollout, "train", range(args.train_tasks))
+    test = choice_states(env, tok, rollout, "valid_seen", range(env.num_tasks("valid_seen")))
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    curve, decisions, rng = [(0, accuracy(model, tok.pad_token_id, test))], 0, random.Random(seed)
+    while decisions < args.max_decisions and curve[-1][1] < args.target:
+        rng.shuffle(train)
+        for i in range(0, len(train) - args.states + 1, args.states):
+            batch = train[i : i + args.states]
+            if args.mode == "supervised":
+                logits = choice_logits(model, tok.pad_token_id, batch)
+                loss = -sum(torch.log_softmax(logits[j, a], -1)[a.index(t)] for j, (_, t, a) in enumerate(batch)) / len(
+                    batch
+                )
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                decisions += len(batch)
+            else:
+                with torch.no_grad():
+                    logits = choice_logits(model, tok.pad_token_id, batch)
+                samples = []
+                for j, (_, target, allowed) in enumerate(batch):
+                    old = torch.log_softmax(logits[j, allowed], -1)
+                    picks = torch.multinomial(old.exp(), args.group, replacement=True)
+                    right = torch.tensor([allowed[k] == target for k in picks])
+                    # the episode's outcome after the choice: won with p_right after the target, p_wrong after another
+                    reward = (torch.rand(len(picks)) < torch.where(right, args.p_right, args.p_wrong)).float()
+                    decisions += args.group
+                    if reward.std() > 0:  # an all-right or all-wrong group carries no signal
+                        samples.append((j, picks, (reward - reward.mean()) / (reward.std() + 1e-6), old[picks]))
+                for _ in range(args.epochs if samples else 0):
+                    logits = choice_logits(model, tok.pad_token_id, batch)
+                    loss = 0.0
+                    for j, picks, adv, old in samples:
+                        ratio = (torch.log_softmax(logits[j, batch[j][2]], -1)[picks] - old).exp()
+                        loss = loss - torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).sum()
+                    opt.zero_grad()
+                    (loss / (len(samples) * args.group)).backward()
+                    opt.step()
+            if (i // args.states) % args.eval_every == 0:
+                curve.append((decisions, accuracy(model, tok.pad_token_id, test)))
+                if curve[-1][1] >= args.target or decisions >= args.max_decisions:
+                    break
+    return curve
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=["supervised", "pg"], default="pg")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW's learning rate (the quickstart's)")
+    p.add_argument("--epochs", type=int, default=2, help="passes over each batch (pg; the quickstart's ppo_epochs)")
+    p.add_argument("--group", type=int, default=8, help="samples per state (pg; the quickstart's group_size)")
+    p.add_argument("--p-right", type=float, default=1.0, help="reward 1 with this probability after the target (pg)")
+    p.add_argument("--p-wrong", type=float, default=0.0, help="... and with this one after another object (pg)")
+    p.add_argument("--states", type=int, default=16, help="states per update")
+    p.add_argument("--train-tasks", type=int, default=6000, help="train-split tasks to draw states from")
+    p.add_argument("--target", type=float, default=0.9, help="held-out accuracy to stop at")
+    p.add_argument("--max-decisions", type=int, default=40_000)
+    p.add_argument("--eval-every", type=int, default=10, help="updates between evaluations")
+    p.add_argument("--seeds", default="0")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    cfg = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
+    env = quickstart_env()
+    reached = []
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        t0 = time.time()
+        curve = learn(args, seed, env, cfg)
+        hit = next((n for n, a in curve if a >= args.target), None)
+        reached.append(hit)
+        points = ", ".join(f"{n}: {a:.2f}" for n, a in curve)
+        print(
+            f"seed {seed} ({time.time() - t0:.0f} s): decisions -> held-out accuracy {points}; reached {args.target}: {hit}"
+        )
+    hits = [h for h in reached if h is not None]
+    if hits:
+        print(
+            f"{args.mode}: decisions to {args.target}: median {statistics.median(hits)}, {len(hits)} of {len(reached)} seeds"
+        )
+
+
+if __name__ == "__main__":
+    main()
