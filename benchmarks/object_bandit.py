@@ -20,6 +20,7 @@ with how many object decisions a quickstart run makes, and how many of them carr
     python benchmarks/object_bandit.py --mode supervised
     python benchmarks/object_bandit.py --mode pg --epochs 2 --seeds 0,1,2
     python benchmarks/object_bandit.py --mode pg --epochs 2 --seeds 0,1,2 --p-right 0.57 --p-wrong 0.06
+    python benchmarks/object_bandit.py --mode pg --epochs 2 --seeds 0,1,2 --p-right 0.57 --p-wrong 0.06 --template compact
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def accuracy(model, pad_id: int, states: list[State]) -> float:
 def learn(args, seed: int, env: Household, cfg: dict) -> list[tuple[int, float]]:
     """One learning curve: [(decisions sampled, held-out accuracy)], stopping at ``--target``."""
     policy = cfg["model"]["policy"]
-    rollout = RolloutConfig(**cfg["model"]["rollout"])
+    rollout = RolloutConfig(**{**cfg["model"]["rollout"], **({"template": args.template} if args.template else {})})
     corpus = env.sample_texts() + template_texts() + [rollout.system_prompt]  # what build_models trains on
     model, tok = load_policy("tiny", tiny=TinyModelConfig(**policy["tiny"]), corpus=corpus)
     torch.manual_seed(seed)
@@ -157,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-decisions", type=int, default=40_000)
     p.add_argument("--eval-every", type=int, default=10, help="updates between evaluations")
     p.add_argument("--seeds", default="0")
+    p.add_argument("--template", help="a prompt template other than the quickstart's (prompts.TEMPLATES)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     cfg = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
