@@ -125,9 +125,11 @@ def scripted_table(env: Household, num_tasks: int, memory: int, repeats: int) ->
     return rows
 
 
-def decisions(env: Household, episode: dict) -> Iterator[tuple[str, bool, float, dict]]:
+def decisions(env: Household, episode: dict) -> Iterator[tuple[str, bool, float, dict, tuple[str, str]]]:
     """The episode's object and goal decisions (see the module docstring), in order, as
-    ``(kind, right, chance, turn)``: ``chance`` is the share of the options that were right."""
+    ``(kind, right, chance, turn, (wanted, chosen, options))``: ``chance`` is the share of the options that
+    were right; ``wanted`` the task's word for that decision, ``chosen`` the type the action named, ``options``
+    the sorted types among the options of that kind."""
     _, info = env.reset(options={"split": episode["task"]["split"], "task_id": episode["task"]["task_id"]})
     obj, goal = task_words(info["task"])
     held = None
@@ -136,10 +138,12 @@ def decisions(env: Household, episode: dict) -> Iterator[tuple[str, bool, float,
         takes = [_kind(a[5:].split(" from ")[0]) for a in adm if a.startswith("take ")]
         gos = [_kind(a[6:]) for a in adm if a.startswith("go to ")]
         if held is None and obj in takes and any(t != obj for t in takes) and action.startswith("take "):
-            yield "object", _kind(action[5:].split(" from ")[0]) == obj, takes.count(obj) / len(takes), turn
+            chosen = _kind(action[5:].split(" from ")[0])
+            yield "object", chosen == obj, takes.count(obj) / len(takes), turn, (obj, chosen, tuple(sorted(set(takes))))
         at_goal = env._at is not None and _kind(env._at) == goal
         if held is not None and _kind(held) == obj and not at_goal and goal in gos and action.startswith("go to "):
-            yield "goal", _kind(action[6:]) == goal, gos.count(goal) / len(gos), turn
+            chosen = _kind(action[6:])
+            yield "goal", chosen == goal, gos.count(goal) / len(gos), turn, (goal, chosen, tuple(sorted(set(gos))))
         if action.startswith("take ") and action in adm:
             held = action[5:].split(" from ")[0]
         elif action.startswith("put ") and action in adm:
@@ -157,7 +161,7 @@ def decision_counts(env: Household, episodes: Iterable[dict]) -> dict[str, list[
     ``episodes``: trajectory dicts with ``task`` (``split``, ``task_id``) and ``turns`` (``action``)."""
     counts = {"object": [0, 0, 0.0], "goal": [0, 0, 0.0]}
     for ep in episodes:
-        for kind, right, chance, _ in decisions(env, ep):
+        for kind, right, chance, *_ in decisions(env, ep):
             counts[kind][0] += right
             counts[kind][1] += 1
             counts[kind][2] += chance
@@ -169,7 +173,8 @@ def iteration_rows(env: Household, files: list[Path], bucket: int) -> list[dict]
     each, as ``EpisodeDump`` writes them): success, the object and goal decisions beside their
     chance, the median probability the policy gave the object action it took, and how many
     object decisions lay in a group of mixed outcomes (the only ones GRPO's episode advantage
-    teaches anything: in an all-won or all-lost group every advantage is 0)."""
+    teaches anything: in an all-won or all-lost group every advantage is 0); ``pair_table``'s
+    two means over the bucket's object decisions between two types."""
     rows = []
     for start in range(0, len(files), bucket):
         episodes = [json.loads(line) for f in files[start : start + bucket] for line in f.read_text().splitlines()]
@@ -177,15 +182,17 @@ def iteration_rows(env: Household, files: list[Path], bucket: int) -> list[dict]
         for ep in episodes:
             outcomes.setdefault((ep["iteration"], ep["task"]["group_id"]), set()).add(bool(ep["success"]))
         counts = {"object": [0, 0, 0.0], "goal": [0, 0, 0.0]}
-        probs, mixed = [], 0
+        probs, mixed, choices = [], 0, []
         for ep in episodes:
-            for kind, right, chance, turn in decisions(env, ep):
+            for kind, right, chance, turn, choice in decisions(env, ep):
                 counts[kind][0] += right
                 counts[kind][1] += 1
                 counts[kind][2] += chance
                 if kind == "object":
                     probs.append(math.exp(sum(turn["behaviour_logprobs"])))
                     mixed += len(outcomes[(ep["iteration"], ep["task"]["group_id"])]) == 2
+                    choices.append(choice)
+        pairs = pair_table(choices)
         rows.append(
             {
                 "iterations": f"{start}-{start + len(files[start : start + bucket]) - 1}",
@@ -193,9 +200,49 @@ def iteration_rows(env: Household, files: list[Path], bucket: int) -> list[dict]
                 **{k: (r / max(n, 1), ch / max(n, 1), n) for k, (r, n, ch) in counts.items()},
                 "object_action_p": statistics.median(probs) if probs else float("nan"),
                 "object_in_mixed_groups": mixed,
+                "object_dependence": pairs["dependence"],
+                "object_fixed": pairs["fixed"],
+                "object_pairs": len(pairs["pairs"]),
             }
         )
     return rows
+
+
+def pair_table(choices: Iterable[tuple[str, str, tuple[str, ...]]], min_n: int = 3) -> dict:
+    """Does the object choice depend on the task's word, or only on the objects in view?
+
+    ``choices``: ``(target, chosen, options)`` of object decisions (``decisions``' last field).
+    For every pair of types ``(x, y)`` met as the only two options, with at least ``min_n``
+    decisions for either target: ``p_if_x`` = P(take x | target x), ``p_if_y`` = P(take x | target
+    y). A policy that reads the word has ``p_if_x`` near 1 and ``p_if_y`` near 0; one that ranks
+    the types whatever the task says has the two equal. Returned: the pairs and two means over
+    them, ``dependence`` = p_if_x − p_if_y (1: reads the word, 0: ignores it) and ``fixed`` =
+    |(p_if_x + p_if_y) − 1| (1: always the same type of the two, 0: the types taken evenly)."""
+    counts: dict[tuple[str, str], dict[str, list[int]]] = {}
+    for target, chosen, options in choices:
+        if len(options) != 2:
+            continue
+        x, _ = options
+        c = counts.setdefault(options, {"x": [0, 0], "y": [0, 0]})["x" if target == x else "y"]
+        c[0] += chosen == x
+        c[1] += 1
+    pairs = [
+        {
+            "pair": xy,
+            "p_if_x": c["x"][0] / c["x"][1],
+            "n_x": c["x"][1],
+            "p_if_y": c["y"][0] / c["y"][1],
+            "n_y": c["y"][1],
+        }
+        for xy, c in sorted(counts.items())
+        if c["x"][1] >= min_n and c["y"][1] >= min_n
+    ]
+    mean = statistics.mean if pairs else (lambda _: float("nan"))
+    return {
+        "pairs": pairs,
+        "dependence": mean([r["p_if_x"] - r["p_if_y"] for r in pairs]),
+        "fixed": mean([abs(r["p_if_x"] + r["p_if_y"] - 1) for r in pairs]),
+    }
 
 
 class EpisodeDump(Callback):
@@ -239,14 +286,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.iterations:
         files = sorted(Path(args.iterations).glob("iteration*.jsonl"))
         print(
-            "| iterations | success | object right (chance), n | goal right (chance), n | p(object action taken), median | object decisions in mixed groups |"
+            "| iterations | success | object right (chance), n | goal right (chance), n | p(object action taken), median "
+            "| object decisions in mixed groups | object choice: dependence on the word, fixed ranking (pairs) |"
         )
-        print("|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|")
         for r in iteration_rows(env, files, args.bucket):
             o, g = r["object"], r["goal"]
             print(
                 f"| {r['iterations']} | {r['success']:.3f} | {o[0]:.3f} ({o[1]:.3f}), {o[2]} | {g[0]:.3f} ({g[1]:.3f}), {g[2]} "
-                f"| {r['object_action_p']:.3f} | {r['object_in_mixed_groups']} |"
+                f"| {r['object_action_p']:.3f} | {r['object_in_mixed_groups']} "
+                f"| {r['object_dependence']:.2f}, {r['object_fixed']:.2f} ({r['object_pairs']}) |"
             )
 
 

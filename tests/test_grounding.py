@@ -81,3 +81,29 @@ def test_iteration_rows_count_mixed_groups_and_action_probabilities(tmp_path):
     assert row["object_action_p"] == pytest.approx((math.exp(-0.2) + math.exp(-0.3)) / 2)
     # only iteration 0's group 7 had both outcomes: its 2 decisions; the same group id in iteration 1 is another group
     assert row["object_in_mixed_groups"] == 2
+
+
+def test_pair_table_tells_reading_from_a_fixed_ranking():
+    # (target, chosen, options); pair (cup, egg) only counted when those two are the options
+    reads = [("cup", "cup", ("cup", "egg"))] * 3 + [("egg", "egg", ("cup", "egg"))] * 3
+    ranks = [("cup", "cup", ("cup", "egg"))] * 4 + [("egg", "cup", ("cup", "egg"))] * 4
+    other = [("cup", "egg", ("apple", "cup", "egg"))] * 5  # three options: not a pair
+    t = grounding.pair_table(reads + other)
+    assert t["pairs"] == [{"pair": ("cup", "egg"), "p_if_x": 1.0, "n_x": 3, "p_if_y": 0.0, "n_y": 3}]
+    assert (t["dependence"], t["fixed"]) == (1.0, 0.0)
+    t = grounding.pair_table(ranks)
+    assert (t["dependence"], t["fixed"]) == (0.0, 1.0)  # always cup, whatever the task says
+    # cup taken 2 of 3 with target cup, 1 of 3 with target egg: dependence 1/3, fixed |2/3 + 1/3 - 1| = 0
+    mixed = [("cup", "cup", ("cup", "egg"))] * 2 + [("cup", "egg", ("cup", "egg"))]
+    mixed += [("egg", "cup", ("cup", "egg"))] + [("egg", "egg", ("cup", "egg"))] * 2
+    t = grounding.pair_table(mixed)
+    assert t["dependence"] == pytest.approx(1 / 3) and t["fixed"] == pytest.approx(0.0)
+    assert grounding.pair_table(reads[:5])["pairs"] == []  # only 2 decisions with target egg: under min_n
+
+
+def test_decisions_name_the_wanted_chosen_and_options():
+    env = grounding.quickstart_env()
+    ep = {"task": {"split": "valid_seen", "task_id": 1},
+          "turns": [{"action": a} for a in ["go to bed 1", "take egg 1 from bed 1"]], "success": False}  # fmt: skip
+    ((kind, right, chance, _, choice),) = grounding.decisions(env, ep)
+    assert (kind, right, chance, choice) == ("object", False, 0.5, ("cup", "egg", ("cup", "egg")))
