@@ -82,6 +82,8 @@ class TinyModelConfig:
         intermediate_size: width of the SwiGLU MLP.
         max_position_embeddings: longest sequence (prompt + response) in tokens.
         seed: seed of the weight initialisation; the same seed gives the same weights.
+        tie_embeddings: share the input embedding with the output layer (the default, as in
+            small Llamas); ``False`` gives the output layer its own matrix.
     """
 
     hidden_size: int = 128
@@ -90,6 +92,7 @@ class TinyModelConfig:
     intermediate_size: int = 256
     max_position_embeddings: int = 1024
     seed: int = 0
+    tie_embeddings: bool = True
 
 
 renamed(TinyModelConfig, "rspo_lightning.policy.TinyModelConfig")  # this module was policy.py
@@ -402,7 +405,7 @@ def _build_tiny(
         # No BOS token in the tiny vocabulary: generation from an empty prompt starts at <|end|>,
         # as GPT-2 does with <|endoftext|>.
         bos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tiny.tie_embeddings,
     )
     # Seed a forked RNG so building a model does not change the caller's random stream.
     with torch.random.fork_rng(devices=[]):

@@ -53,6 +53,19 @@ def test_tiny_is_llama_with_tied_embeddings(tiny):
     assert model.config.eos_token_id == tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids("<|end|>")
 
 
+def test_tiny_untied_has_its_own_output_layer(tmp_path):
+    untied = TinyModelConfig(**{**SMALL.__dict__, "tie_embeddings": False})
+    model, _ = load_policy("tiny", corpus=CORPUS, tiny=untied, save_dir=str(tmp_path))
+    assert not model.config.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    assert not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+    # The reload keeps the output layer: a step on it leaves the embedding alone.
+    before = model.model.embed_tokens.weight.clone()
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)
+    assert torch.equal(model.model.embed_tokens.weight, before)
+
+
 def test_tiny_tokenizer_round_trips_an_action(tiny):
     _, tokenizer, _ = tiny
     text = "<action> go to shelf 1 </action>"
