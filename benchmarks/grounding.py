@@ -62,9 +62,18 @@ def task_words(instruction: str) -> tuple[str, str]:
 
 
 def scripted_episode(
-    env: Household, split: str, task_id: int, *, read_object: bool, read_goal: bool, memory: int, rng: random.Random
+    env: Household,
+    split: str,
+    task_id: int,
+    *,
+    read_object: bool,
+    read_goal: bool,
+    memory: int,
+    rng: random.Random,
+    actions: list[str] | None = None,
 ) -> bool:
-    """One episode of the scripted agent (see the module docstring); True when won."""
+    """One episode of the scripted agent (see the module docstring); True when won. ``actions``,
+    when given, receives the actions played (for ``decisions``)."""
     _, info = env.reset(options={"split": split, "task_id": task_id})
     obj, goal = task_words(info["task"])
     at = held = taken_at = None
@@ -98,6 +107,8 @@ def scripted_episode(
             held, taken_at = action[5:].split(" from ")[0], at
         elif action.startswith("put "):
             held = None
+        if actions is not None:
+            actions.append(action)
         _, _, won, truncated, info = env.step(action)
         if won or truncated:
             return bool(won)
@@ -174,7 +185,8 @@ def iteration_rows(env: Household, files: list[Path], bucket: int) -> list[dict]
     chance, the median probability the policy gave the object action it took, and how many
     object decisions lay in a group of mixed outcomes (the only ones GRPO's episode advantage
     teaches anything: in an all-won or all-lost group every advantage is 0); ``pair_table``'s
-    two means over the bucket's object decisions between two types."""
+    two means over the bucket's object decisions between two types; ``word_dependence`` of the
+    goal decisions (mean, cells)."""
     rows = []
     for start in range(0, len(files), bucket):
         episodes = [json.loads(line) for f in files[start : start + bucket] for line in f.read_text().splitlines()]
@@ -182,7 +194,7 @@ def iteration_rows(env: Household, files: list[Path], bucket: int) -> list[dict]
         for ep in episodes:
             outcomes.setdefault((ep["iteration"], ep["task"]["group_id"]), set()).add(bool(ep["success"]))
         counts = {"object": [0, 0, 0.0], "goal": [0, 0, 0.0]}
-        probs, mixed, choices = [], 0, []
+        probs, mixed, choices, goals = [], 0, [], []
         for ep in episodes:
             for kind, right, chance, turn, choice in decisions(env, ep):
                 counts[kind][0] += right
@@ -192,6 +204,8 @@ def iteration_rows(env: Household, files: list[Path], bucket: int) -> list[dict]
                     probs.append(math.exp(sum(turn["behaviour_logprobs"])))
                     mixed += len(outcomes[(ep["iteration"], ep["task"]["group_id"])]) == 2
                     choices.append(choice)
+                else:
+                    goals.append(choice)
         pairs = pair_table(choices)
         rows.append(
             {
@@ -203,6 +217,7 @@ def iteration_rows(env: Household, files: list[Path], bucket: int) -> list[dict]
                 "object_dependence": pairs["dependence"],
                 "object_fixed": pairs["fixed"],
                 "object_pairs": len(pairs["pairs"]),
+                "goal_dependence": word_dependence(goals),
             }
         )
     return rows
@@ -245,6 +260,49 @@ def pair_table(choices: Iterable[tuple[str, str, tuple[str, ...]]], min_n: int =
     }
 
 
+def word_dependence(choices: Iterable[tuple[str, str, tuple[str, ...]]], min_n: int = 3) -> tuple[float, int]:
+    """Does a choice (object or goal, any number of options) depend on the task's word?
+
+    ``choices``: ``(wanted, chosen, options)`` (``decisions``' last field). For every cell (a set
+    of option types, one type ``x`` in it) met at least ``min_n`` times with ``x`` wanted and
+    ``min_n`` times with another type wanted: P(choose x | x wanted) − P(choose x | another
+    wanted). Returned: the mean over those cells (1: the word decides, 0: the options alone do)
+    and the number of cells. ``pair_table``'s ``dependence`` is the two-option case of it."""
+    cells: dict[tuple[tuple[str, ...], str], list[int]] = {}
+    for wanted, chosen, options in choices:
+        for x in options:
+            c = cells.setdefault((options, x), [0, 0, 0, 0])  # chosen | wanted, wanted, chosen | other, other
+            k = 0 if wanted == x else 2
+            c[k] += chosen == x
+            c[k + 1] += 1
+    diffs = [a / n - b / m for a, n, b, m in cells.values() if n >= min_n and m >= min_n]
+    return (statistics.mean(diffs) if diffs else float("nan")), len(diffs)
+
+
+def scripted_dependence(env: Household, num_tasks: int, memory: int, repeats: int = 8, seed: int = 0) -> list[dict]:
+    """``word_dependence`` of the four scripted agents' own choices, ``repeats`` episodes on each
+    of ``num_tasks`` train tasks (as a training iteration's groups): what the measure reads for
+    agents known to read a word or not."""
+    rows = []
+    for read_object, read_goal in [(True, True), (True, False), (False, True), (False, False)]:
+        rng, choices = random.Random(seed), {"object": [], "goal": []}
+        for i in [t for t in range(num_tasks) for _ in range(repeats)]:
+            actions: list[str] = []
+            kw = {"read_object": read_object, "read_goal": read_goal, "memory": memory, "rng": rng, "actions": actions}
+            scripted_episode(env, "train", i, **kw)
+            episode = {"task": {"split": "train", "task_id": i}, "turns": [{"action": a} for a in actions]}
+            for kind, *_, choice in decisions(env, episode):
+                choices[kind].append(choice)
+        rows.append(
+            {
+                "reads object": read_object,
+                "reads goal": read_goal,
+                **{k: word_dependence(c) for k, c in choices.items()},
+            }
+        )
+    return rows
+
+
 class EpisodeDump(Callback):
     """Write every training iteration's episodes to ``<out_dir>/iteration<NNNN>.jsonl`` (for
     ``--iterations``); on the CLI: ``--trainer.callbacks+=grounding.EpisodeDump
@@ -277,6 +335,12 @@ def main(argv: list[str] | None = None) -> None:
         for row in scripted_table(env, args.num_tasks, args.memory, args.repeats):
             cells = [f"{m:.3f} ± {s:.3f}" for m, s in (row["valid_seen"], row["valid_unseen"])]
             print(f"| {row['reads object']} | {row['reads goal']} | {' | '.join(cells)} |")
+        print(f"\nword_dependence of their own choices ({5 * args.num_tasks} train tasks x 8; mean over cells, cells):")
+        print("| reads object | reads goal | object choice | goal choice |")
+        print("|---|---|---|---|")
+        for row in scripted_dependence(env, 5 * args.num_tasks, args.memory):
+            o, g = row["object"], row["goal"]
+            print(f"| {row['reads object']} | {row['reads goal']} | {o[0]:.2f} ({o[1]}) | {g[0]:.2f} ({g[1]}) |")
     for path in args.episodes:
         episodes = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
         c = decision_counts(env, episodes)
@@ -287,15 +351,17 @@ def main(argv: list[str] | None = None) -> None:
         files = sorted(Path(args.iterations).glob("iteration*.jsonl"))
         print(
             "| iterations | success | object right (chance), n | goal right (chance), n | p(object action taken), median "
-            "| object decisions in mixed groups | object choice: dependence on the word, fixed ranking (pairs) |"
+            "| object decisions in mixed groups | object choice: dependence on the word, fixed ranking (pairs) "
+            "| goal choice: dependence on the word (cells) |"
         )
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
         for r in iteration_rows(env, files, args.bucket):
             o, g = r["object"], r["goal"]
             print(
                 f"| {r['iterations']} | {r['success']:.3f} | {o[0]:.3f} ({o[1]:.3f}), {o[2]} | {g[0]:.3f} ({g[1]:.3f}), {g[2]} "
                 f"| {r['object_action_p']:.3f} | {r['object_in_mixed_groups']} "
-                f"| {r['object_dependence']:.2f}, {r['object_fixed']:.2f} ({r['object_pairs']}) |"
+                f"| {r['object_dependence']:.2f}, {r['object_fixed']:.2f} ({r['object_pairs']}) "
+                f"| {r['goal_dependence'][0]:.2f} ({r['goal_dependence'][1]}) |"
             )
 
 

@@ -107,3 +107,27 @@ def test_decisions_name_the_wanted_chosen_and_options():
           "turns": [{"action": a} for a in ["go to bed 1", "take egg 1 from bed 1"]], "success": False}  # fmt: skip
     ((kind, right, chance, _, choice),) = grounding.decisions(env, ep)
     assert (kind, right, chance, choice) == ("object", False, 0.5, ("cup", "egg", ("cup", "egg")))
+
+
+def test_word_dependence_by_hand():
+    two = ("apple", "mug")
+    choices = [("apple", "apple", two)] * 3 + [("apple", "mug", two)] + [("mug", "apple", two)] * 3
+    three = ("a", "b", "c")
+    choices += [("a", "a", three)] * 3 + [("b", "b", three)] * 3
+    # (two, apple): P(apple | apple) = 3/4, P(apple | mug) = 3/3 -> -1/4
+    # (two, mug): P(mug | mug) = 0/3, P(mug | apple) = 1/4 -> -1/4
+    # (three, a): 3/3 - 0/3 = 1; (three, b): 3/3 - 0/3 = 1; (three, c): never wanted, left out
+    mean, cells = grounding.word_dependence(choices)
+    assert cells == 4
+    assert mean == pytest.approx((-0.25 - 0.25 + 1 + 1) / 4)
+    assert grounding.word_dependence(choices, min_n=4) == (pytest.approx(float("nan"), nan_ok=True), 0)
+
+
+def test_word_dependence_reads_the_scripted_switches():
+    env = grounding.quickstart_env()
+    rows = {(r["reads object"], r["reads goal"]): r for r in grounding.scripted_dependence(env, 120, memory=2)}
+    reads, blind = rows[(True, True)], rows[(False, False)]
+    for kind in ("object", "goal"):
+        assert reads[kind][1] >= 5 and blind[kind][1] >= 5  # enough cells to read
+        assert reads[kind][0] == pytest.approx(1.0)
+        assert abs(blind[kind][0]) < 0.3
