@@ -21,18 +21,26 @@ with how many object decisions a quickstart run makes, and how many of them carr
     python benchmarks/object_bandit.py --mode pg --epochs 2 --seeds 0,1,2
     python benchmarks/object_bandit.py --mode pg --epochs 2 --seeds 0,1,2 --p-right 0.57 --p-wrong 0.06
     python benchmarks/object_bandit.py --mode pg --epochs 2 --seeds 0,1,2 --p-right 0.57 --p-wrong 0.06 --template compact
+    python benchmarks/object_bandit.py --mode pg --epochs 2 --p-right 0.57 --p-wrong 0.06 --init runs/.../last.ckpt
+
+``--init`` starts from a trained quickstart policy: whether the weights an episode run ends with
+can still learn the choice as fast as the initialisation does.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import random
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import yaml
 from grounding import ROOT, quickstart_env, task_words
+from lightning.pytorch.callbacks import Callback
 
 from rspo_lightning.envs.household import Household
 from rspo_lightning.envs.household import _type_of as _kind
@@ -97,6 +105,8 @@ def learn(args, seed: int, env: Household, cfg: dict) -> list[tuple[int, float]]
     rollout = RolloutConfig(**{**cfg["model"]["rollout"], **({"template": args.template} if args.template else {})})
     corpus = env.sample_texts() + template_texts() + [rollout.system_prompt]  # what build_models trains on
     model, tok = load_policy("tiny", tiny=TinyModelConfig(**policy["tiny"]), corpus=corpus)
+    if args.init:
+        load_trained(model, args.init)
     torch.manual_seed(seed)
     train = choice_states(env, tok, rollout, "train", range(args.train_tasks))
     test = choice_states(env, tok, rollout, "valid_seen", range(env.num_tasks("valid_seen")))
@@ -144,6 +154,77 @@ def learn(args, seed: int, env: Household, cfg: dict) -> list[tuple[int, float]]
     return curve
 
 
+@torch.no_grad()
+def attention_at_choice(model, states: list[State], span: tuple[int, int]) -> dict[str, list[float]]:
+    """At the object-choice position of each state (one at a time, no padding): per layer and
+    head, the attention's entropy in nats (log of the prompt length when uniform, 0 when on one
+    position) and its mass on the target word in the task sentence (between the last token
+    ``span[0]`` and the next ``span[1]``: "Task" ... "Admissible" in the quickstart's template),
+    both averaged over the states."""
+    impl = model.config._attn_implementation
+    model.config._attn_implementation = "eager"  # the fused kernels return no attention weights
+    was_training = model.training
+    model.eval()
+    entropy, mass = [], []
+    try:
+        for prompt, target, _ in states:
+            attn = model(input_ids=torch.tensor([prompt]), output_attentions=True).attentions
+            start = max(i for i, t in enumerate(prompt) if t == span[0])
+            end = prompt.index(span[1], start)
+            where = [i for i in range(start, end) if prompt[i] == target]
+            last = torch.stack([a[0, :, -1] for a in attn])  # [layers, heads, seq]
+            entropy.append(-(last * last.clamp_min(1e-12).log()).sum(-1))
+            mass.append(last[..., where].sum(-1))
+    finally:
+        model.config._attn_implementation = impl
+        model.train(was_training)
+    return {"entropy": torch.stack(entropy).mean(0).tolist(), "target_mass": torch.stack(mass).mean(0).tolist()}
+
+
+class ChoiceProbe(Callback):
+    """Every ``every`` training iterations, measure the policy at the object choice of ``n``
+    valid_seen states (``choice_states``): the held-out accuracy of its argmax (``accuracy``) and
+    ``attention_at_choice``; one JSON line per measurement in ``out``. On the CLI:
+    ``--trainer.callbacks+=object_bandit.ChoiceProbe --trainer.callbacks.out FILE`` with
+    ``benchmarks`` on ``PYTHONPATH``."""
+
+    def __init__(self, out: str = "runs/choice_probe.jsonl", every: int = 5, n: int = 48) -> None:
+        self.out, self.every, self.n, self.states = Path(out), every, n, None
+
+    def _measure(self, trainer, pl_module) -> None:
+        if self.states is None:
+            env = quickstart_env()
+            tasks = range(env.num_tasks("valid_seen"))
+            self.states = choice_states(env, pl_module.tokenizer, pl_module.rollout_cfg, "valid_seen", tasks)[: self.n]
+        model, tok = pl_module.policy, pl_module.tokenizer
+        span = (tok.convert_tokens_to_ids("Task"), tok.convert_tokens_to_ids("Admissible"))
+        row = {
+            "iteration": trainer.fit_loop.epoch_loop.total_batch_idx,
+            "accuracy": accuracy(model, tok.pad_token_id, self.states),
+            **attention_at_choice(model, self.states, span),
+        }
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        with self.out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._measure(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.fit_loop.epoch_loop.total_batch_idx % self.every == 0:
+            self._measure(trainer, pl_module)
+
+
+def load_trained(model, path: str) -> None:
+    """Start from a quickstart run's trained policy (a Lightning checkpoint of ``fit``) instead of
+    the initialisation; the tokenizer built from the same corpus has the same ids."""
+    state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+    policy = {k.removeprefix("policy."): v for k, v in state.items() if k.startswith("policy.")}
+    missing, unexpected = model.load_state_dict(policy, strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:  # lm_head is tied to the embedding
+        raise ValueError(f"{path} does not hold this tiny policy: missing {missing}, unexpected {unexpected}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["supervised", "pg"], default="pg")
@@ -159,6 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-every", type=int, default=10, help="updates between evaluations")
     p.add_argument("--seeds", default="0")
     p.add_argument("--template", help="a prompt template other than the quickstart's (prompts.TEMPLATES)")
+    p.add_argument("--init", help="start from this quickstart checkpoint's policy (fit's .ckpt) instead of the init")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     cfg = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
