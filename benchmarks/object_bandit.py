@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import statistics
 import time
@@ -184,7 +183,8 @@ def attention_at_choice(model, states: list[State], span: tuple[int, int]) -> di
 class ChoiceProbe(Callback):
     """Every ``every`` training iterations, measure the policy at the object choice of ``n``
     valid_seen states (``choice_states``): the held-out accuracy of its argmax (``accuracy``) and
-    ``attention_at_choice``; one JSON line per measurement in ``out``. On the CLI:
+    ``attention_at_choice``; one JSON line per measurement in ``out`` (``iteration``: the
+    iteration just trained, as ``EpisodeDump`` numbers them; −1 before the first). On the CLI:
     ``--trainer.callbacks+=object_bandit.ChoiceProbe --trainer.callbacks.out FILE`` with
     ``benchmarks`` on ``PYTHONPATH``."""
 
