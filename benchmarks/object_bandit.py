@@ -24,7 +24,12 @@ with how many object decisions a quickstart run makes, and how many of them carr
     python benchmarks/object_bandit.py --mode pg --epochs 2 --p-right 0.57 --p-wrong 0.06 --init runs/.../last.ckpt
 
 ``--init`` starts from a trained quickstart policy: whether the weights an episode run ends with
-can still learn the choice as fast as the initialisation does.
+can still learn the choice as fast as the initialisation does; ``--scale-qk`` softens its
+attention first; ``--attention`` prints the attention at the choice (entropy, mass on the task's
+object word) instead of learning.
+
+    python benchmarks/object_bandit.py --attention --init runs/.../last.ckpt
+    python benchmarks/object_bandit.py --mode supervised --init runs/.../last.ckpt --scale-qk 0.35
 """
 
 from __future__ import annotations
@@ -106,6 +111,8 @@ def learn(args, seed: int, env: Household, cfg: dict) -> list[tuple[int, float]]
     model, tok = load_policy("tiny", tiny=TinyModelConfig(**policy["tiny"]), corpus=corpus)
     if args.init:
         load_trained(model, args.init)
+    if args.scale_qk != 1.0:
+        scale_qk(model, args.scale_qk)
     torch.manual_seed(seed)
     train = choice_states(env, tok, rollout, "train", range(args.train_tasks))
     test = choice_states(env, tok, rollout, "valid_seen", range(env.num_tasks("valid_seen")))
@@ -225,6 +232,15 @@ def load_trained(model, path: str) -> None:
         raise ValueError(f"{path} does not hold this tiny policy: missing {missing}, unexpected {unexpected}")
 
 
+def scale_qk(model, factor: float) -> None:
+    """Multiply every layer's query and key projections by ``factor`` (the attention logits by
+    ``factor**2``): softens attention that a run has made nearly one-hot, leaving the rest."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(factor)
+            layer.self_attn.k_proj.weight.mul_(factor)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["supervised", "pg"], default="pg")
@@ -241,10 +257,29 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", default="0")
     p.add_argument("--template", help="a prompt template other than the quickstart's (prompts.TEMPLATES)")
     p.add_argument("--init", help="start from this quickstart checkpoint's policy (fit's .ckpt) instead of the init")
+    p.add_argument("--scale-qk", type=float, default=1.0, help="scale the q/k projections first (scale_qk)")
+    p.add_argument(
+        "--attention", action="store_true", help="print attention_at_choice on 48 valid_seen states and stop"
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     cfg = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
     env = quickstart_env()
+    if args.attention:
+        policy, rollout = cfg["model"]["policy"], RolloutConfig(**cfg["model"]["rollout"])
+        corpus = env.sample_texts() + template_texts() + [rollout.system_prompt]
+        model, tok = load_policy("tiny", tiny=TinyModelConfig(**policy["tiny"]), corpus=corpus)
+        if args.init:
+            load_trained(model, args.init)
+        if args.scale_qk != 1.0:
+            scale_qk(model, args.scale_qk)
+        states = choice_states(env, tok, rollout, "valid_seen", range(env.num_tasks("valid_seen")))[:48]
+        span = (tok.convert_tokens_to_ids("Task"), tok.convert_tokens_to_ids("Admissible"))
+        out = attention_at_choice(model, states, span)
+        print(f"held-out accuracy (argmax) {accuracy(model, tok.pad_token_id, states):.3f} on {len(states)} states")
+        for name, rows in out.items():
+            print(f"{name} (layer x head): " + "; ".join(" ".join(f"{v:.3f}" for v in row) for row in rows))
+        return
     reached = []
     for seed in [int(s) for s in args.seeds.split(",")]:
         t0 = time.time()
