@@ -103,16 +103,22 @@ def accuracy(model, pad_id: int, states: list[State]) -> float:
     return right / len(states)
 
 
-def learn(args, seed: int, env: Household, cfg: dict) -> list[tuple[int, float]]:
-    """One learning curve: [(decisions sampled, held-out accuracy)], stopping at ``--target``."""
-    policy = cfg["model"]["policy"]
+def build_model(args, env: Household, cfg: dict):
+    """The quickstart's tiny policy and tokenizer as ``build_models`` makes them (from
+    ``--init``'s checkpoint, q/k scaled by ``--scale-qk``), and the rollout config."""
     rollout = RolloutConfig(**{**cfg["model"]["rollout"], **({"template": args.template} if args.template else {})})
     corpus = env.sample_texts() + template_texts() + [rollout.system_prompt]  # what build_models trains on
-    model, tok = load_policy("tiny", tiny=TinyModelConfig(**policy["tiny"]), corpus=corpus)
+    model, tok = load_policy("tiny", tiny=TinyModelConfig(**cfg["model"]["policy"]["tiny"]), corpus=corpus)
     if args.init:
         load_trained(model, args.init)
     if args.scale_qk != 1.0:
         scale_qk(model, args.scale_qk)
+    return model, tok, rollout
+
+
+def learn(args, seed: int, env: Household, cfg: dict) -> list[tuple[int, float]]:
+    """One learning curve: [(decisions sampled, held-out accuracy)], stopping at ``--target``."""
+    model, tok, rollout = build_model(args, env, cfg)
     torch.manual_seed(seed)
     train = choice_states(env, tok, rollout, "train", range(args.train_tasks))
     test = choice_states(env, tok, rollout, "valid_seen", range(env.num_tasks("valid_seen")))
@@ -161,12 +167,12 @@ def learn(args, seed: int, env: Household, cfg: dict) -> list[tuple[int, float]]
 
 
 @torch.no_grad()
-def attention_at_choice(model, states: list[State], span: tuple[int, int]) -> dict[str, list[float]]:
+def attention_at_choice(model, tokenizer, states: list[State]) -> dict[str, list[float]]:
     """At the object-choice position of each state (one at a time, no padding): per layer and
     head, the attention's entropy in nats (log of the prompt length when uniform, 0 when on one
-    position) and its mass on the target word in the task sentence (between the last token
-    ``span[0]`` and the next ``span[1]``: "Task" ... "Admissible" in the quickstart's template),
-    both averaged over the states."""
+    position) and its mass on the target word in the task sentence (between the last "Task"
+    and the next "Admissible" of the quickstart's template), both averaged over the states."""
+    span = (tokenizer.convert_tokens_to_ids("Task"), tokenizer.convert_tokens_to_ids("Admissible"))
     impl = model.config._attn_implementation
     model.config._attn_implementation = "eager"  # the fused kernels return no attention weights
     was_training = model.training
@@ -204,11 +210,10 @@ class ChoiceProbe(Callback):
             tasks = range(env.num_tasks("valid_seen"))
             self.states = choice_states(env, pl_module.tokenizer, pl_module.rollout_cfg, "valid_seen", tasks)[: self.n]
         model, tok = pl_module.policy, pl_module.tokenizer
-        span = (tok.convert_tokens_to_ids("Task"), tok.convert_tokens_to_ids("Admissible"))
         row = {
             "iteration": trainer.fit_loop.epoch_loop.total_batch_idx,
             "accuracy": accuracy(model, tok.pad_token_id, self.states),
-            **attention_at_choice(model, self.states, span),
+            **attention_at_choice(model, tok, self.states),
         }
         self.out.parent.mkdir(parents=True, exist_ok=True)
         with self.out.open("a") as f:
@@ -266,16 +271,9 @@ def main(argv: list[str] | None = None) -> None:
     cfg = yaml.safe_load((ROOT / "configs" / "quickstart.yaml").read_text())
     env = quickstart_env()
     if args.attention:
-        policy, rollout = cfg["model"]["policy"], RolloutConfig(**cfg["model"]["rollout"])
-        corpus = env.sample_texts() + template_texts() + [rollout.system_prompt]
-        model, tok = load_policy("tiny", tiny=TinyModelConfig(**policy["tiny"]), corpus=corpus)
-        if args.init:
-            load_trained(model, args.init)
-        if args.scale_qk != 1.0:
-            scale_qk(model, args.scale_qk)
+        model, tok, rollout = build_model(args, env, cfg)
         states = choice_states(env, tok, rollout, "valid_seen", range(env.num_tasks("valid_seen")))[:48]
-        span = (tok.convert_tokens_to_ids("Task"), tok.convert_tokens_to_ids("Admissible"))
-        out = attention_at_choice(model, states, span)
+        out = attention_at_choice(model, tok, states)
         print(f"held-out accuracy (argmax) {accuracy(model, tok.pad_token_id, states):.3f} on {len(states)} states")
         for name, rows in out.items():
             print(f"{name} (layer x head): " + "; ".join(" ".join(f"{v:.3f}" for v in row) for row in rows))
