@@ -277,6 +277,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"held-out accuracy (argmax) {accuracy(model, tok.pad_token_id, states):.3f} on {len(states)} states")
         for name, rows in out.items():
             print(f"{name} (layer x head): " + "; ".join(" ".join(f"{v:.3f}" for v in row) for row in rows))
+        norms = [
+            (a.q_proj.weight.norm().item(), a.k_proj.weight.norm().item())
+            for a in (x.self_attn for x in model.model.layers)
+        ]
+        print("q / k projection norms per layer: " + "; ".join(f"{q:.2f} / {k:.2f}" for q, k in norms))
         return
     reached = []
     for seed in [int(s) for s in args.seeds.split(",")]:
