@@ -108,7 +108,8 @@ def build_model(args, env: Household, cfg: dict):
     ``--init``'s checkpoint, q/k scaled by ``--scale-qk``), and the rollout config."""
     rollout = RolloutConfig(**{**cfg["model"]["rollout"], **({"template": args.template} if args.template else {})})
     corpus = env.sample_texts() + template_texts() + [rollout.system_prompt]  # what build_models trains on
-    model, tok = load_policy("tiny", tiny=TinyModelConfig(**cfg["model"]["policy"]["tiny"]), corpus=corpus)
+    tiny = {**cfg["model"]["policy"]["tiny"], **json.loads(args.tiny)}
+    model, tok = load_policy("tiny", tiny=TinyModelConfig(**tiny), corpus=corpus)
     if args.init:
         load_trained(model, args.init)
     if args.scale_qk != 1.0:
@@ -261,6 +262,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-every", type=int, default=10, help="updates between evaluations")
     p.add_argument("--seeds", default="0")
     p.add_argument("--template", help="a prompt template other than the quickstart's (prompts.TEMPLATES)")
+    p.add_argument(
+        "--tiny", default="{}", help="JSON overrides of the quickstart's tiny model, e.g. '{\"num_heads\": 8}'"
+    )
     p.add_argument("--init", help="start from this quickstart checkpoint's policy (fit's .ckpt) instead of the init")
     p.add_argument("--scale-qk", type=float, default=1.0, help="scale the q/k projections first (scale_qk)")
     p.add_argument(

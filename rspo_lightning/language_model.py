@@ -84,6 +84,11 @@ class TinyModelConfig:
         seed: seed of the weight initialisation; the same seed gives the same weights.
         tie_embeddings: share the input embedding with the output layer (the default, as in
             small Llamas); ``False`` gives the output layer its own matrix.
+        copy_init: start every attention layer's value and output projections at the identity,
+            so that attending to a word adds that word's (normed) embedding to the stream, which
+            the tied output layer reads as that word: a copy path from the first update, leaving
+            only the attention pattern to learn (a pretrained model has such heads already).
+            Needs ``tie_embeddings`` to copy into the output.
     """
 
     hidden_size: int = 128
@@ -93,6 +98,7 @@ class TinyModelConfig:
     max_position_embeddings: int = 1024
     seed: int = 0
     tie_embeddings: bool = True
+    copy_init: bool = False
 
 
 renamed(TinyModelConfig, "rspo_lightning.policy.TinyModelConfig")  # this module was policy.py
@@ -390,6 +396,11 @@ def _build_tiny(
             f"tiny.hidden_size ({tiny.hidden_size}) must be divisible by tiny.num_heads "
             f"({tiny.num_heads}); change one of them."
         )
+    if tiny.copy_init and not tiny.tie_embeddings:
+        raise ValueError(
+            "tiny.copy_init copies a word into the stream for the tied output layer to read; with "
+            "tiny.tie_embeddings: false the output layer is another matrix. Set tie_embeddings: true or copy_init: false."
+        )
     tokenizer = build_tiny_tokenizer(corpus, tiny.max_position_embeddings)
     _check_tiny_tokenizer(tokenizer, list(corpus))
     config = LlamaConfig(
@@ -411,6 +422,11 @@ def _build_tiny(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(tiny.seed)
         model = LlamaForCausalLM(config)
+    if tiny.copy_init:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for projection in (layer.self_attn.v_proj, layer.self_attn.o_proj):
+                    projection.weight.copy_(torch.eye(*projection.weight.shape))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.eos_token_id

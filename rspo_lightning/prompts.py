@@ -54,6 +54,16 @@ COMPACT_NEAR_TEMPLATE_NO_HISTORY = (
     "Observation: {observation}\nTask: {task}\nAdmissible actions:{admissible}\nAnswer with <action> </action>."
 )
 
+# the task last, right before the answer: the word the action copies then sits a fixed number of
+# tokens before the position that writes it, however many actions are listed.
+COMPACT_LAST_TEMPLATE = (
+    "Step {current_step}. Recent history:{history}\nObservation: {observation}\n"
+    "Admissible actions:{admissible}\nTask: {task}\nAnswer with <action> </action>."
+)
+COMPACT_LAST_TEMPLATE_NO_HISTORY = (
+    "Observation: {observation}\nAdmissible actions:{admissible}\nTask: {task}\nAnswer with <action> </action>."
+)
+
 SYSTEM_PROMPT = "You are a helpful assistant."
 PRIVILEGED_PREFIX = "Full state:"  # what an asymmetric critic reads before the env's state text
 ACTION_OPEN = "<action>"
@@ -63,6 +73,7 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "household": (HOUSEHOLD_TEMPLATE, HOUSEHOLD_TEMPLATE_NO_HISTORY),
     "compact": (COMPACT_TEMPLATE, COMPACT_TEMPLATE_NO_HISTORY),
     "compact_near": (COMPACT_NEAR_TEMPLATE, COMPACT_NEAR_TEMPLATE_NO_HISTORY),
+    "compact_last": (COMPACT_LAST_TEMPLATE, COMPACT_LAST_TEMPLATE_NO_HISTORY),
 }
 
 

@@ -113,6 +113,17 @@ def test_compact_near_puts_the_task_between_the_observation_and_the_actions():
     assert first.startswith("Observation: now\nTask: put a apple in fridge.\nAdmissible actions:")
 
 
+def test_compact_last_puts_the_task_right_before_the_answer():
+    history = [HistoryEntry("obs1", "act1")]
+    kw = dict(task="put a apple in fridge.", observation="now", admissible=ADM, history=history, step=1)
+    last = render_prompt("compact_last", history_window=2, **kw)
+    assert last.index("Observation: now") < last.index("Admissible actions:") < last.index("Task: put a apple")
+    assert last.endswith("- put apple 1 in/on fridge 1\nTask: put a apple in fridge.\nAnswer with <action> </action>.")
+    assert sorted(last.split()) == sorted(render_prompt("compact", history_window=2, **kw).split())
+    first = render_prompt("compact_last", history_window=2, **{**kw, "history": [], "step": 0})
+    assert first.startswith("Observation: now\nAdmissible actions:")
+
+
 def test_template_texts_cover_every_template_without_reordering_the_tiny_vocabulary():
     # the texts the tiny tokenizer trains on are those from before compact_near existed, so its ids
     # (and every recorded tiny run) stay as they were; compact_near's words are all among them
