@@ -43,7 +43,7 @@ def test_instances_pass_through_unchanged():
         (
             lambda: PolicyConfig(tiny={"hiden_size": 64}),
             "policy.tiny: unknown key 'hiden_size' (did you mean 'hidden_size'?); TinyModelConfig accepts "
-            "['hidden_size', 'num_layers', 'num_heads', 'intermediate_size', 'max_position_embeddings', 'seed', 'tie_embeddings']",
+            "['hidden_size', 'num_layers', 'num_heads', 'intermediate_size', 'max_position_embeddings', 'seed', 'tie_embeddings', 'copy_init']",
         ),
         (
             lambda: PolicyConfig(lora={"rank": 8}),

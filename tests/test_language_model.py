@@ -66,6 +66,22 @@ def test_tiny_untied_has_its_own_output_layer(tmp_path):
     assert torch.equal(model.model.embed_tokens.weight, before)
 
 
+def test_tiny_copy_init_copies_a_word_of_the_context_from_the_start():
+    plain, _ = load_policy("tiny", corpus=CORPUS, tiny=SMALL)
+    model, tokenizer = load_policy("tiny", corpus=CORPUS, tiny=TinyModelConfig(**{**SMALL.__dict__, "copy_init": True}))
+    for layer, base in zip(model.model.layers, plain.model.layers):
+        assert torch.equal(layer.self_attn.v_proj.weight, torch.eye(32))
+        assert torch.equal(layer.self_attn.o_proj.weight, torch.eye(32))
+        assert torch.equal(layer.self_attn.q_proj.weight, base.self_attn.q_proj.weight)  # the rest as without it
+    # the signal: a word that fills the context is the untrained model's first choice
+    for word in ["apple", "shelf", "countertop"]:
+        ids = tokenizer.encode(" ".join(["go", "to"] + [word] * 6 + ["take"]), add_special_tokens=False)
+        logits = model(torch.tensor([ids])).logits[0, -1]
+        assert int(logits.argmax()) == tokenizer.convert_tokens_to_ids(word), word
+    with pytest.raises(ValueError, match="tie_embeddings: true or copy_init: false"):
+        load_policy("tiny", corpus=CORPUS, tiny=TinyModelConfig(copy_init=True, tie_embeddings=False))
+
+
 def test_tiny_tokenizer_round_trips_an_action(tiny):
     _, tokenizer, _ = tiny
     text = "<action> go to shelf 1 </action>"
