@@ -104,6 +104,7 @@ class AgentCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self.config.get(str(self.subcommand), self.config)
         self._link_env_in_subclass_mode(cfg)
+        self._seeds_from_seed_everything(cfg)
         trainer = cfg.get("trainer")
         root = trainer.get("default_root_dir") if trainer is not None else None
         logger = trainer.get("logger") if trainer is not None else None
@@ -262,6 +263,20 @@ class AgentCLI(LightningCLI):
             if not existed and (subcommand != "fit" or getattr(self.model, "iteration", 0) == start):
                 _remove_new_folder(folder, getattr(self.trainer.logger, "save_dir", None))
             raise
+
+    @staticmethod
+    def _seeds_from_seed_everything(cfg) -> None:
+        """An unset ``model.seed`` / ``data.seed`` takes the run's ``seed_everything``: the rollouts
+        and the task draws are seeded by them, not by torch's global RNG, so without this
+        ``--seed_everything N`` alone would replay the same run."""
+        seed = cfg.get("seed_everything")
+        if seed is None or isinstance(seed, bool):
+            return
+        for key in ("model", "data"):
+            group = cfg.get(key)
+            args = group.get("init_args", group) if group is not None and hasattr(group, "get") else None
+            if args is not None and hasattr(args, "get") and "seed" in args and args.get("seed") is None:
+                args["seed"] = int(seed)
 
     def _link_env_in_subclass_mode(self, cfg) -> None:
         """``data.env`` -> ``model.env`` when the classes are named (``--model CLASS``), where a

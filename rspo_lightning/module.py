@@ -53,7 +53,8 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
             needed by A²TGPO (its per-turn signal) and by ``reward_mode: dense`` (RSPO's explorer).
         val_temperature: sampling temperature of validation episodes (verl-agent uses 0.4).
         val_greedy: also run greedy validation, logged as ``val/greedy_success_rate``.
-        seed: seed of rollout sampling (tasks come from the datamodule's seed).
+        seed: seed of rollout sampling (tasks come from the datamodule's seed); None = the run's
+            ``seed_everything`` under the CLI, 0 otherwise.
         predict_path: where ``predict`` writes its episodes (trajectory JSONL, never over an
             existing file); None = the run's folder, ``<run>/predictions/<split>-iteration<N>.jsonl``.
     """
@@ -69,7 +70,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         dense_reward: DenseReward | None = None,
         val_temperature: float = 0.4,
         val_greedy: bool = False,
-        seed: int = 0,
+        seed: int | None = None,
         predict_path: str | None = None,
     ):
         super().__init__()
@@ -89,7 +90,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         self.val_temperature, self.val_greedy, self.seed, self.predict_path = (
             val_temperature,
             val_greedy,
-            seed,
+            0 if seed is None else seed,
             predict_path,
         )
         self.automatic_optimization = False

@@ -278,3 +278,21 @@ def test_the_env_is_set_once_in_data_env_and_reaches_the_module(tmp_path):
         ],
     )
     assert cli.model.env_cfg == cli.datamodule.env and cli.model.env_cfg.kwargs == {"max_steps": 2}
+
+
+def test_seed_everything_seeds_the_rollouts_and_the_task_draws_unless_they_are_set():
+    from rspo_lightning.cli import AgentCLI
+    from rspo_lightning.datamodules import AgentDataModule
+    from rspo_lightning.module import AgentRLModule
+
+    def seeds(*extra):
+        args = ["--config", os.path.join(ROOT, "configs", "quickstart.yaml"), "--trainer.logger", "false", *extra]
+        cli = AgentCLI(AgentRLModule, AgentDataModule, run=False, args=args, auto_configure_optimizers=False)
+        return cli.model.seed, cli.datamodule.seed, cli.model.hparams["seed"]
+
+    assert seeds() == (0, 0, 0)  # the config's seed_everything: 0
+    assert seeds("--seed_everything", "3") == (3, 3, 3)
+    assert seeds("--seed_everything", "3", "--model.seed", "5") == (5, 3, 5)  # a seed set wins
+    assert seeds("--seed_everything", "false") == (0, 0, None)  # no run seed: the classes' 0
+    # outside the CLI, an unset seed is 0, as before
+    assert AgentDataModule().seed == 0 and AgentRLModule().seed == 0

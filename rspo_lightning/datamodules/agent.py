@@ -79,7 +79,7 @@ class AgentDataModule(pl.LightningDataModule):
         val_splits: splits validated on (``valid_seen`` and ``valid`` log as ``val/*``, others as ``val_<name>/*``).
         num_val_tasks: tasks per validation split (capped by the split size; None = all).
         val_groups_per_batch: validation tasks per ``validation_step`` (one batched rollout).
-        seed: seed of task sampling.
+        seed: seed of task sampling; None = the run's ``seed_everything`` under the CLI, 0 otherwise.
         reward_mode: reward of the advantage: ``outcome`` (default), ``outcome+dense`` (reward
             shaping with the module's dense reward) or ``dense`` (the dense reward alone — the
             reward-hacking check). RSPOLoop overrides it per phase.
@@ -100,7 +100,7 @@ class AgentDataModule(pl.LightningDataModule):
         val_splits: list[str] = ["valid_seen", "valid_unseen"],
         num_val_tasks: int | None = 64,
         val_groups_per_batch: int = 64,
-        seed: int = 0,
+        seed: int | None = None,
         reward_mode: choices.RewardMode = "outcome",
         dense_scale: float = 1.0,
         predict_splits: list[str] | None = None,
@@ -133,7 +133,7 @@ class AgentDataModule(pl.LightningDataModule):
         self.val_splits = list(val_splits)
         self.num_val_tasks = num_val_tasks
         self.val_groups_per_batch = val_groups_per_batch
-        self.seed = seed
+        self.seed = 0 if seed is None else seed
         self._num_tasks: dict[str, int] = {}
         self._probe_env()
 
