@@ -172,8 +172,8 @@ def attention_at_choice(model, tokenizer, states: list[State]) -> dict[str, list
     """At the object-choice position of each state (one at a time, no padding): per layer and
     head, the attention's entropy in nats (log of the prompt length when uniform, 0 when on one
     position) and its mass on the target word in the task sentence (between the last "Task"
-    and the next "Admissible" of the quickstart's template), both averaged over the states."""
-    span = (tokenizer.convert_tokens_to_ids("Task"), tokenizer.convert_tokens_to_ids("Admissible"))
+    and the "." that ends its sentence, wherever the template puts it), both averaged over the states."""
+    span = (tokenizer.convert_tokens_to_ids("Task"), tokenizer.convert_tokens_to_ids("."))
     impl = model.config._attn_implementation
     model.config._attn_implementation = "eager"  # the fused kernels return no attention weights
     was_training = model.training
