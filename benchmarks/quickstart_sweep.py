@@ -23,8 +23,9 @@ CONFIG = "configs/quickstart.yaml"
 RECORDS = ROOT / "docs" / "data" / "quickstart_sweep"
 
 # every variant runs on the prompt the sweep started from (compact; the config ships compact_near
-# since 2026-12-03, measured here as "near"), so the records stay comparable
-COMMON = ("--model.rollout.template=compact",)
+# since 2026-12-03, measured here as "near") and without copy_init (shipped since 2026-12-04), so the
+# records stay comparable
+COMMON = ("--model.rollout.template=compact", "--model.policy.tiny.copy_init=false")
 # name -> CLI overrides on top of configs/quickstart.yaml and COMMON ("base": COMMON alone)
 VARIANTS: dict[str, tuple[str, ...]] = {
     "base": (),
