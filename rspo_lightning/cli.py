@@ -273,9 +273,9 @@ class AgentCLI(LightningCLI):
         if seed is None or isinstance(seed, bool):
             return
         for key in ("model", "data"):
-            group = cfg.get(key)
-            args = group.get("init_args", group) if group is not None and hasattr(group, "get") else None
-            if args is not None and hasattr(args, "get") and "seed" in args and args.get("seed") is None:
+            group = cfg.get(key)  # the class's arguments, under init_args when the class is named
+            args = group.get("init_args", group) if group is not None else None
+            if args is not None and "seed" in args and args["seed"] is None:
                 args["seed"] = int(seed)
 
     def _link_env_in_subclass_mode(self, cfg) -> None:
