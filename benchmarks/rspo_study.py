@@ -6,6 +6,8 @@ updates, in a hard-exploration Household setting and in the quickstart setting. 
     # the full study: hard x (grpo grpo_shaped grpo_rspo grpo_rspo_h grpo_rspo_combo grpo_rspo_o) x seeds 0-4,
     # quickstart x (grpo grpo_rspo_h grpo_rspo_combo) x seeds 0-4, hard x every ablation x seeds 0 1
     python benchmarks/rspo_study.py --jobs 2
+    # the same runs on the shipped quickstart model (copy_init + compact_last): settings quickstart_copy, hard_copy
+    python benchmarks/rspo_study.py --plan quickstart_copy:grpo,grpo_rspo_h,grpo_rspo_combo:0-2 --quick-budget 40000
     # a part of it: --plan SETTING:RUN[,RUN...]:SEEDS (seeds 0-4, 0,2,3 or 1), replacing the lists below
     python benchmarks/rspo_study.py --plan hard:grpo,grpo_rspo:0-4 quickstart:grpo:0-2
     # or the lists
@@ -36,8 +38,8 @@ curves come from ``benchmarks/_history.py:RunHistory``, a callback whose history
 each checkpoint, so a resumed run's record equals an uninterrupted one's
 (``tests/test_rspo_study.py``); TensorBoard events (``<run folder>/tb``) are for reading only.
 
-**Budget.** Every run ends through ``EnvStepBudget`` (``--budget`` environment steps, hard;
-``--quick-budget``, quickstart) and validates agent A on ``--val-tasks`` tasks per split
+**Budget.** Every run ends through ``EnvStepBudget`` (``--budget`` environment steps, hard and
+hard_copy; ``--quick-budget``, quickstart and quickstart_copy) and validates agent A on ``--val-tasks`` tasks per split
 (``valid_seen``, ``valid_unseen``). Validation also runs every 3 iterations, RSPO runs included
 (``data.iterations_per_epoch=3``; during B's phases it measures A), and before training (step 0).
 
@@ -56,9 +58,9 @@ after running) writes ``<out>.json`` (one entry per setting, run, seed and axis:
 ``{"setting", "run", "seed", "axis", "env_steps", "a_updates", "valid_seen", "valid_unseen"}``),
 ``<out>_table.md`` (finals per setting / run / axis: mean ± std over seeds and the paired
 difference vs ``grpo`` on the same seeds; diagnostics per setting / run) and ``<out>.png``
-(valid_seen vs environment steps and vs A updates, hard and quickstart). The last lines printed
-are ``rspo_minus_grpo_hard_<axis>: <run> <points> ± <std> (n=<seeds>), ...``, the paired
-valid_seen difference of each hard-setting run vs grpo, in points.
+(valid_seen vs environment steps and vs A updates, one row per setting). The last lines printed
+are ``rspo_minus_grpo_<setting>_<axis>: <run> <points> ± <std> (n=<seeds>), ...``, the paired
+valid_seen difference of each run vs grpo in its setting, in points.
 """
 
 from __future__ import annotations
@@ -99,13 +101,13 @@ QUICK = {
     "max_steps": 10,
     "info_actions": False,
 }
-SETTINGS = {"hard": HARD, "quickstart": QUICK, "quickstart_copy": QUICK}
-# a setting's model overrides: quickstart_copy is the quickstart setting with the model configs/quickstart.yaml
-# ships since 2026-12-04 (copy_init + compact_last: 0.656 ± 0.064 valid_seen over 4 seeds, from 0.484)
-SETTING_OVERRIDES = {
-    "quickstart_copy": ("--model.policy.tiny.copy_init=true", "--model.rollout.template=compact_last"),
-}
-QUICK_SETTINGS = ("quickstart", "quickstart_copy")  # the settings of --quick-budget and --quick-a-updates
+# quickstart_copy and hard_copy: the quickstart and hard settings with the model configs/quickstart.yaml ships
+# since 2026-12-04 (copy_init + compact_last: 0.656 ± 0.064 valid_seen over 4 seeds, from 0.484)
+COPY_MODEL = ("--model.policy.tiny.copy_init=true", "--model.rollout.template=compact_last")
+SETTINGS = {"hard": HARD, "quickstart": QUICK, "quickstart_copy": QUICK, "hard_copy": HARD}
+SETTING_OVERRIDES = {"quickstart_copy": COPY_MODEL, "hard_copy": COPY_MODEL}  # a setting's model overrides
+# the settings of --quick-budget and --quick-a-updates (the others: --budget, --a-updates)
+QUICK_SETTINGS = ("quickstart", "quickstart_copy")
 PROGRESS = "rspo_lightning.rewards.EnvProgressReward"
 NOVELTY = "rspo_lightning.rewards.NoveltyBonus"  # progress deltas + 0.03 per turn reaching a new state
 PRM_DIR = "docs/data/rspo_study/prm/hard"  # benchmarks/prm_hard.py writes it; fits run in the repository root
@@ -113,7 +115,7 @@ SHAPED_SCALE = 10  # the dense return (progress, at most 1 per episode) on the s
 BASE_VAL_EVERY = 3  # iterations between two validations of a base (non-RSPO) run
 AXES = ("env_steps", "a_updates")
 # the a_updates axis's N per setting (--a-updates, --quick-a-updates)
-DEFAULT_A_UPDATES = {"hard": 9, "quickstart": 9, "quickstart_copy": 9}
+DEFAULT_A_UPDATES = dict.fromkeys(SETTINGS, 9)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -813,7 +815,7 @@ def summarise(
 ) -> tuple[list[dict], list[str]]:
     """Build ``<out>.json``, ``<out>_table.md`` and ``<out>.png`` from the records under
     ``records_dir`` alone; returns the entries and the printed lines (the table plus the
-    ``rspo_minus_grpo_hard_<axis>`` lines)."""
+    ``rspo_minus_grpo_<setting>_<axis>`` lines)."""
     records = load_records(records_dir)
     if not records:  # leave the previous outputs alone
         return [], [f"no records under {records_dir}: nothing summarised"]
@@ -841,14 +843,15 @@ def summarise(
                 panels.append((f"{setting}: valid_seen vs {label.split(' (')[0]}", label, curves))
         plot_curves(out + ".png", panels, ncols=2)
     summary = []
-    for axis in AXES:
-        parts = []
-        for run in dict.fromkeys(r["run"] for r in records if r["setting"] == "hard"):
-            d = paired(entries, "hard", run, axis, "valid_seen") if run != "grpo" else []
-            if d:
-                m, s = mean_std(d)
-                parts.append(f"{run} {100 * m:+.1f} ± {100 * s:.1f} (n={len(d)})")
-        summary.append(f"rspo_minus_grpo_hard_{axis}: " + (", ".join(parts) if parts else "–"))
+    for setting in dict.fromkeys(r["setting"] for r in records):
+        for axis in AXES:
+            parts = []
+            for run in dict.fromkeys(r["run"] for r in records if r["setting"] == setting):
+                d = paired(entries, setting, run, axis, "valid_seen") if run != "grpo" else []
+                if d:
+                    m, s = mean_std(d)
+                    parts.append(f"{run} {100 * m:+.1f} ± {100 * s:.1f} (n={len(d)})")
+            summary.append(f"rspo_minus_grpo_{setting}_{axis}: " + (", ".join(parts) if parts else "–"))
     return entries, lines + [""] + summary
 
 
@@ -914,7 +917,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dry-run", action="store_true", help="print each planned run's state and command; run nothing")
     args = p.parse_args(argv)
     quick_a = args.a_updates if args.quick_a_updates is None else args.quick_a_updates
-    DEFAULT_A_UPDATES.update(hard=args.a_updates, **dict.fromkeys(QUICK_SETTINGS, quick_a))
+    DEFAULT_A_UPDATES.update({s: quick_a if s in QUICK_SETTINGS else args.a_updates for s in SETTINGS})
 
     if args.plan:
         plan = parse_plan(args.plan)
@@ -925,7 +928,7 @@ def main(argv: list[str] | None = None) -> None:
         plan = [("hard", n, s) for s in args.seeds for n in args.runs]
         plan += [("quickstart", n, s) for s in args.seeds for n in args.quick_runs]
         plan += [("hard", n, s) for s in args.ablation_seeds for n in args.ablations]
-    budgets = {"hard": args.budget, **dict.fromkeys(QUICK_SETTINGS, args.quick_budget)}
+    budgets = {s: args.quick_budget if s in QUICK_SETTINGS else args.budget for s in SETTINGS}
     jobs = list(dict.fromkeys(make_job(st, n, s, budgets[st], args.val_tasks, tuple(args.extra)) for st, n, s in plan))
 
     failed = []
