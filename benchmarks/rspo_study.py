@@ -102,7 +102,7 @@ QUICK = {
     "info_actions": False,
 }
 # quickstart_copy and hard_copy: the quickstart and hard settings with the model configs/quickstart.yaml ships
-# since 2026-12-04 (copy_init + compact_last: 0.656 ± 0.064 valid_seen over 4 seeds, from 0.484)
+# since 2026-12-04 (copy_init + compact_last: 0.605 ± 0.077 valid_seen over 4 recorded seeds, from 0.484)
 COPY_MODEL = ("--model.policy.tiny.copy_init=true", "--model.rollout.template=compact_last")
 SETTINGS = {"hard": HARD, "quickstart": QUICK, "quickstart_copy": QUICK, "hard_copy": HARD}
 SETTING_OVERRIDES = {"quickstart_copy": COPY_MODEL, "hard_copy": COPY_MODEL}  # a setting's model overrides
