@@ -7,7 +7,7 @@ updates, in a hard-exploration Household setting and in the quickstart setting. 
     # quickstart x (grpo grpo_rspo_h grpo_rspo_combo) x seeds 0-4, hard x every ablation x seeds 0 1
     python benchmarks/rspo_study.py --jobs 2
     # the same runs on the shipped quickstart model (copy_init + compact_last): settings quickstart_copy, hard_copy
-    python benchmarks/rspo_study.py --plan quickstart_copy:grpo,grpo_rspo_h,grpo_rspo_combo:0-2 --quick-budget 40000
+    python benchmarks/rspo_study.py --plan quickstart_copy:grpo,grpo_rspo_h,grpo_rspo_combo:0-2 --quick-budget 40000 --quick-a-updates 20
     # a part of it: --plan SETTING:RUN[,RUN...]:SEEDS (seeds 0-4, 0,2,3 or 1), replacing the lists below
     python benchmarks/rspo_study.py --plan hard:grpo,grpo_rspo:0-4 quickstart:grpo:0-2
     # or the lists

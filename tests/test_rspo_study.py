@@ -168,6 +168,10 @@ def test_runs_table_and_plan():
     job = study.make_job("hard", "grpo_rspo_noise01", 3, 40000)
     assert "--model.dense_reward.init_args.seed=3" in job.overrides and "--data.iterations_per_epoch=3" in job.overrides
     assert "--data.iterations_per_epoch=3" in study.make_job("quickstart", "grpo", 0, 15000).overrides
+    # the *_copy settings: the same environment, the shipped model's two overrides; the others carry neither
+    copy = study.make_job("hard_copy", "grpo_rspo_h", 1, 40000).overrides
+    assert copy[-2:] == ("--model.policy.tiny.copy_init=true", "--model.rollout.template=compact_last")
+    assert f"--data.env.kwargs={json.dumps(study.HARD)}" in copy and not any("copy_init" in o for o in job.overrides)
     assert "--data.num_val_tasks=128" in job.overrides
     assert study.parse_plan(["hard:grpo,grpo_rspo:0-1", "quickstart:grpo:2,4"]) == [
         ("hard", "grpo", 0),
