@@ -827,9 +827,10 @@ def summarise(
     _write_json(Path(out + ".json"), entries)
     lines = table(records, entries, n_by, records_dir)
     Path(out + "_table.md").write_text("\n".join(lines) + "\n")
+    settings = list(dict.fromkeys(r["setting"] for r in records))  # records are in SETTINGS order
     if plot:
         panels = []
-        for setting in dict.fromkeys(r["setting"] for r in records):  # records are in SETTINGS order
+        for setting in settings:
             rs = [r for r in records if r["setting"] == setting]
             counts = {run: sum(r["run"] == run for r in rs) for run in dict.fromkeys(r["run"] for r in rs)}
             shown = [
@@ -843,7 +844,7 @@ def summarise(
                 panels.append((f"{setting}: valid_seen vs {label.split(' (')[0]}", label, curves))
         plot_curves(out + ".png", panels, ncols=2)
     summary = []
-    for setting in dict.fromkeys(r["setting"] for r in records):
+    for setting in settings:
         for axis in AXES:
             parts = []
             for run in dict.fromkeys(r["run"] for r in records if r["setting"] == setting):
