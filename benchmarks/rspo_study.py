@@ -269,6 +269,8 @@ DIAGNOSTICS = {  # table column: logged tag (mean over the iterations that log i
     "replay token share": "rspo/replay_token_share",
     "replay loss share": "rspo/replay_loss_share",
     "replay win share": "rspo/replay_win_share",
+    "replay log ratio": "rspo/replay_log_ratio",  # log π_behaviour − log π_A over the trained replayed tokens
+    "replay ratio out": "rspo/replay_ratio_out",
     "replay |adv|": "rspo/replay_adv_abs",
     "replay zero frac": "rspo/replay_zero_frac",
     "buffer success": "rspo/buffer_success_rate",

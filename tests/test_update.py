@@ -163,6 +163,16 @@ def test_replay_diagnostics_against_a_hand_count():
     assert d["rspo/replay_loss_share"] == pytest.approx(rep_mass / (on_mass + rep_mass))
     assert d["rspo/replay_win_share"] == pytest.approx(0.5)
     assert update.replay_diagnostics(rows.select(torch.arange(4)), den, 0.125, "token-mean") == {}
+    # the behaviour policy's distance from A on the replayed tokens: log π_b − log π_A of
+    # +0.5 (row 4's one token), +0.1 and −0.3 (row 5's two); an on-policy row's +2.0 does not count
+    rows.behaviour_logprobs[0, T - 1] += 2.0
+    rows.behaviour_logprobs[4, T - 1] += 0.5
+    rows.behaviour_logprobs[5, T - 2] += 0.1
+    rows.behaviour_logprobs[5, T - 1] -= 0.3
+    d = update.replay_diagnostics(rows, den, 0.125, "token-mean")
+    assert d["rspo/replay_log_ratio"] == pytest.approx((0.5 + 0.1 - 0.3) / 3)
+    # ratio π_A / π_b outside [0.8, 1.25]: e^-0.5 = 0.61 and e^0.3 = 1.35 are, e^-0.1 = 0.90 is not
+    assert d["rspo/replay_ratio_out"] == pytest.approx(2 / 3)
 
 
 def test_signal_alpha_is_the_replays_share_of_the_signal_carrying_tokens():
