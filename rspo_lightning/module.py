@@ -229,6 +229,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
                 stats["rspo/alpha"] = alpha  # the α of this iteration's J (offline_weighting: signal sets it)
             if self._all_ranks(len(train)) > 0:
                 train, mismatch = self.score(train)
+                stats.update(update.replay_distance(train))  # after scoring: old log-probs are A's
                 stats.update(self._update(train, alpha, den), **mismatch)
             else:  # nothing trains (every advantage 0): the rollout diagnostic over rows played
                 stats.update(self._probe_mismatch(probe))

@@ -132,13 +132,8 @@ def replay_diagnostics(
     rank): ``rspo/replay_token_share`` (their share of the trained response tokens),
     ``rspo/replay_loss_share`` (their share of the policy loss's advantage mass Σ w |A| over the
     trained tokens, w = ``Denominators.unit_weights``: the share of the gradient at ratio 1) and
-    ``rspo/replay_win_share`` (replayed rows with positive advantage / replayed rows). How far the
-    policy that played them is from A, over the same replayed tokens (A = the weights that
-    scored ``old_logprobs``, at the start of the iteration): ``rspo/replay_log_ratio``, the mean
-    of log π_behaviour − log π_A per token (on the behaviour policy's own samples: the k1
-    estimate of KL(behaviour ‖ A), restricted to the tokens trained), and
-    ``rspo/replay_ratio_out``, the share of those tokens whose ratio π_A / π_behaviour lies
-    outside [0.8, 1.25]. Empty without replayed rows."""
+    ``rspo/replay_win_share`` (replayed rows with positive advantage / replayed rows). Empty
+    without replayed rows."""
     rep = batch.is_replay
     if not bool(rep.any()):
         return {}
@@ -146,14 +141,26 @@ def replay_diagnostics(
     size = tokens if loss_agg == "token-mean" else torch.ones_like(tokens)
     u_on, u_off = den.unit_weights(replay_weight, den.rows)  # the step scale cancels in a share
     mass = torch.where(rep, u_off, u_on) * batch.advantages.abs() * size
-    rep_tokens = batch.response_mask & rep[:, None]
-    log_ratio = (batch.behaviour_logprobs - batch.old_logprobs)[rep_tokens]
     return {
         "rspo/replay_token_share": float(tokens[rep].sum() / tokens.sum()),
         "rspo/replay_loss_share": float(mass[rep].sum() / mass.sum()) if float(mass.sum()) > 0 else 0.0,
         "rspo/replay_win_share": float((batch.advantages[rep] > 0).float().mean()),
-        "rspo/replay_log_ratio": float(log_ratio.mean()) if log_ratio.numel() else 0.0,
-        "rspo/replay_ratio_out": float((log_ratio.abs() > math.log(1.25)).float().mean()) if log_ratio.numel() else 0.0,
+    }
+
+
+def replay_distance(batch: TrainBatch) -> dict[str, float]:
+    """How far the policy that played the replayed rows of ``batch`` (the rows trained, scored:
+    ``old_logprobs`` are A's, at the start of the iteration) is from A, over their response
+    tokens (this rank): ``rspo/replay_log_ratio``, the mean of log π_behaviour − log π_A (on the
+    behaviour policy's own samples, the k1 estimate of KL(behaviour ‖ A), restricted to the
+    tokens trained), and ``rspo/replay_ratio_out``, the share of those tokens whose ratio
+    π_A / π_behaviour lies outside [0.8, 1.25]. Empty without replayed tokens."""
+    log_ratio = (batch.behaviour_logprobs - batch.old_logprobs)[batch.response_mask & batch.is_replay[:, None]]
+    if not log_ratio.numel():
+        return {}
+    return {
+        "rspo/replay_log_ratio": float(log_ratio.mean()),
+        "rspo/replay_ratio_out": float((log_ratio.abs() > math.log(1.25)).float().mean()),
     }
 
 

@@ -800,6 +800,10 @@ def test_replay_token_share_logged_is_the_hand_count_over_the_rows_trained(monke
     assert batch.is_replay.any()
     hand = float(tokens[batch.is_replay].sum() / tokens.sum())
     assert rec.rows[2]["metrics"]["rspo/replay_token_share"] == pytest.approx(hand)
+    # B_1's distance from A over the replayed tokens trained, from the scored batch (old = A's)
+    log_ratio = (batch.behaviour_logprobs - batch.old_logprobs)[batch.response_mask & batch.is_replay[:, None]]
+    assert float(log_ratio.abs().max()) > 1e-4  # B made one update: its log-probs are not A's
+    assert rec.rows[2]["metrics"]["rspo/replay_log_ratio"] == pytest.approx(float(log_ratio.mean()))
     assert "rollout_b0/success_rate" in rec.rows[0]["metrics"] and "rollout_collect/progress" in rec.rows[1]["metrics"]
     assert "rspo/replay_loss_share" in rec.rows[2]["metrics"] and "rspo/buffer_used_frac" in rec.rows[2]["metrics"]
 

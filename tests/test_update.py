@@ -169,10 +169,11 @@ def test_replay_diagnostics_against_a_hand_count():
     rows.behaviour_logprobs[4, T - 1] += 0.5
     rows.behaviour_logprobs[5, T - 2] += 0.1
     rows.behaviour_logprobs[5, T - 1] -= 0.3
-    d = update.replay_diagnostics(rows, den, 0.125, "token-mean")
+    d = update.replay_distance(rows)
     assert d["rspo/replay_log_ratio"] == pytest.approx((0.5 + 0.1 - 0.3) / 3)
     # ratio π_A / π_b outside [0.8, 1.25]: e^-0.5 = 0.61 and e^0.3 = 1.35 are, e^-0.1 = 0.90 is not
     assert d["rspo/replay_ratio_out"] == pytest.approx(2 / 3)
+    assert update.replay_distance(rows.select(torch.arange(4))) == {}
 
 
 def test_signal_alpha_is_the_replays_share_of_the_signal_carrying_tokens():
