@@ -63,7 +63,8 @@ def repeat_visit_rate(trajectories: Sequence[Trajectory], window: int = REPEAT_W
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory], prefix: str) -> dict[str, float]:
-    """This rank's ``<prefix>/score``, ``episode_len``, ``invalid_rate``, ``dense_return``,
+    """This rank's ``<prefix>/score``, ``episode_len``, ``invalid_rate``, ``truncated_rate`` (turns
+    whose response the token budget cut), ``dense_return``,
     ``progress``, ``repeat_visits`` (``repeat_visit_rate``, every run: GRPO's looping beside
     RSPO's) and ``success_rate/<task type>`` of the episodes played (the all-rank success rate is
     the module's)."""
@@ -73,6 +74,7 @@ def rollout_metrics(trajectories: Sequence[Trajectory], prefix: str) -> dict[str
         f"{prefix}/score": sum(t.score for t in trajectories) / n,
         f"{prefix}/episode_len": turns / n,
         f"{prefix}/invalid_rate": sum(t.num_invalid for t in trajectories) / max(turns, 1),
+        f"{prefix}/truncated_rate": sum(turn.response_cut for t in trajectories for turn in t.turns) / max(turns, 1),
         f"{prefix}/dense_return": sum(turn.dense_reward for t in trajectories for turn in t.turns) / n,
         f"{prefix}/progress": sum(t.turns[-1].progress if t.turns else t.initial_progress for t in trajectories) / n,
         f"{prefix}/repeat_visits": repeat_visit_rate(trajectories),

@@ -37,7 +37,11 @@ class RolloutConfig:
     """How episodes are played.
 
     Args:
-        max_new_tokens: most tokens generated per turn.
+        max_new_tokens: most tokens generated per turn of free generation. Under
+            ``constrained_decoding`` each turn's budget is instead the longest admissible response
+            (``<action> a </action>``) in the policy's own tokenizer, so no allowed action is ever cut
+            (a BPE tokenizer needs far more tokens than the tiny word-level one). A response the
+            budget cuts is counted in ``rollout/truncated_rate``.
         temperature: sampling temperature of training rollouts (log-probs use the same scaling).
         top_p: nucleus sampling; keep 1.0 so behaviour log-probs match training exactly.
         history_window: number of past (observation, action) pairs shown in each prompt.
@@ -47,7 +51,8 @@ class RolloutConfig:
         require_admissible: an action outside the admissible list is invalid.
         require_think: a response without ``<think>...</think>`` is invalid.
         template: prompt template family (a key of ``rspo_lightning.prompts.TEMPLATES``).
-        system_prompt: system message; empty for none.
+        system_prompt: system message; ``null`` (or empty) sends none of ours, so the chat
+            template's own default applies (SmolLM2's template then adds its own system line).
         generation_batch_size: most episodes in one ``generate`` call (None = all active ones).
         env_timeout_s: an ``env.reset``/``env.step`` call that takes longer is a fault (the episode
             is dropped, the env rebuilt; the stuck call's thread is abandoned). None = no timeout
@@ -71,7 +76,7 @@ class RolloutConfig:
     require_admissible: bool = True
     require_think: bool = False
     template: str = "household"
-    system_prompt: str = "You are a helpful assistant."
+    system_prompt: str | None = "You are a helpful assistant."
     generation_batch_size: int | None = None
     env_timeout_s: float | None = 60.0
     env_workers: int = 0
@@ -165,6 +170,7 @@ class RolloutEngine:
         self._trie_cache: dict[tuple[str, ...], ActionTrie] = {}
         self._action_ids: dict[str, list[int]] = {}  # "<action> a </action>" ids per admissible action
         self.env_errors = 0  # faulty env calls so far (their episodes were dropped)
+        self._budget_said = False
         self._closed_restarts = 0
         self.lockstep: Callable[[int], int] | None = None
         self.synced_gpus = False
@@ -357,7 +363,7 @@ class RolloutEngine:
         """One turn of every active episode: generate (one call per chunk), parse, step the envs."""
         cfg = self.config
         tok = self.tokenizer
-        prompts, responses, logprobs, allowed = [], [], [], []
+        prompts, responses, logprobs, allowed, cut = [], [], [], [], []
         for part in chunks:
             part_prompts = build_turn_prompts(
                 tok,
@@ -365,13 +371,14 @@ class RolloutEngine:
                 [(ep.info, ep.observation, ep.history, len(ep.traj.turns)) for ep in part],
                 self.max_prompt_tokens,
             )
-            p, r, lp, al = self.generate(
+            p, r, lp, al, c = self.generate(
                 part_prompts, temperature, greedy, [ep.info.get("admissible_actions") for ep in part]
             )
             prompts += p
             responses += r
             logprobs += lp
             allowed += al
+            cut += c
         parsed = []
         for ep, resp in zip(active, responses):
             text = tok.decode(resp, skip_special_tokens=True)
@@ -412,6 +419,7 @@ class RolloutEngine:
                     privileged=ep.info.get("privileged"),
                     allowed_ids=allowed[k],
                     progress=float(info.get("progress", 0.0)),
+                    response_cut=bool(cut[k]),
                 )
             )
             ep.history.append(HistoryEntry(ep.observation, action.action if action.valid else text[:200]))
@@ -444,8 +452,9 @@ class RolloutEngine:
         temperature: float,
         greedy: bool,
         admissible: list[Sequence[str] | None] | None = None,
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None]]:
-        """One batched generate; returns per row (prompt ids [P], response ids [R], log-probs [R], allowed [R, K])."""
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor | None], list[bool]]:
+        """One batched generate; returns per row (prompt ids [P], response ids [R], log-probs [R],
+        allowed [R, K], cut: the token budget ended the response before ``</action>`` or eos)."""
         cfg = self.config
         if cfg.constrained_decoding and (admissible is None or any(a is None for a in admissible)):
             raise ValueError("rollout.constrained_decoding needs an environment that lists admissible actions")
@@ -458,8 +467,11 @@ class RolloutEngine:
         recorder = StopRecorder(batch, width, self._stops)
         processors = LogitsProcessorList()
         constraint = None
+        budget = cfg.max_new_tokens
         if cfg.constrained_decoding:
-            constraint = TrieConstraint([self._trie(a) for a in admissible], width, self.pad_id)
+            tries = [self._trie(a) for a in admissible]
+            budget = self._constrained_budget(tries)
+            constraint = TrieConstraint(tries, width, self.pad_id)
             processors.append(constraint)
         t0 = time.perf_counter()
         out = self.model.generate(
@@ -469,7 +481,7 @@ class RolloutEngine:
             temperature=temperature if not greedy else None,
             top_p=cfg.top_p if not greedy else None,
             top_k=0 if not greedy else None,
-            max_new_tokens=cfg.max_new_tokens,
+            max_new_tokens=budget,
             logits_processor=processors,
             stopping_criteria=StoppingCriteriaList([recorder]),
             pad_token_id=self.pad_id,
@@ -502,7 +514,7 @@ class RolloutEngine:
             responses.append(gen[i, :n].clone())
             lps.append(logprobs[i, :n].clone())
         self.stats["generated_tokens"] += int(lengths.sum())
-        return prompt_ids, responses, lps, allowed
+        return prompt_ids, responses, lps, allowed, (recorder.finished_at < 0).tolist()
 
     def _generate_vllm(
         self, prompts: list[list[int]], temperature: float, greedy: bool, admissible: list[Sequence[str] | None] | None
@@ -524,7 +536,8 @@ class RolloutEngine:
             else:  # the trie's own sequences
                 choices = [[self._action_ids[a] for a in dict.fromkeys(acts)] for acts in admissible]
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()  # from the seeded torch RNG: reproducible
-        ids, lps = self.vllm.generate(prompts, temperature, greedy, choices, seeds)
+        budget = self._constrained_budget(tries) if tries is not None else None
+        ids, lps, cut = self.vllm.generate(prompts, temperature, greedy, choices, seeds, max_tokens=budget)
         self.stats["generate_s"] += time.perf_counter() - t0
         allowed: list[torch.Tensor | None] = [None] * len(prompts)
         if tries is not None:
@@ -535,7 +548,22 @@ class RolloutEngine:
             [torch.tensor(t, dtype=torch.long) for t in ids],
             [torch.tensor(x, dtype=torch.float32) for x in lps],
             allowed,
+            cut,
         )
+
+    def _constrained_budget(self, tries: Sequence[ActionTrie]) -> int:
+        """A constrained turn's token budget: its longest admissible response, so that every
+        allowed action can be generated whole (said once when it exceeds ``max_new_tokens``)."""
+        budget = max(trie.max_len for trie in tries)
+        if budget > self.config.max_new_tokens and not self._budget_said:
+            self._budget_said = True
+            log.info(
+                "rollout.max_new_tokens (%d) is shorter than the longest admissible response of a turn (%d tokens in "
+                "this tokenizer); constrained decoding sizes each turn's budget to its longest admissible action",
+                self.config.max_new_tokens,
+                budget,
+            )
+        return budget
 
     def _trie_path(self, trie: ActionTrie, tokens: Sequence[int]) -> torch.Tensor:
         """``[n, k]`` allowed ids at each of ``tokens``' steps along ``trie`` (-1 padded); the step

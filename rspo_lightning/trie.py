@@ -16,11 +16,13 @@ class ActionTrie:
     ``root`` is the trie as nested dicts keyed by token id. ``children`` / ``child_nodes`` are the
     same trie as tensors, nodes numbered breadth-first from the root (0): row ``n`` holds node
     ``n``'s child token ids (in insertion order) and their node numbers, padded with -1; a
-    complete path (a leaf) has no children.
+    complete path (a leaf) has no children. ``max_len`` is the longest sequence's length: the
+    token budget a constrained turn needs to finish every sequence.
     """
 
     def __init__(self, sequences: Sequence[Sequence[int]]):
         self.root: dict[int, dict] = {}
+        self.max_len = max((len(seq) for seq in sequences), default=0)
         for seq in sequences:
             node = self.root
             for tok in seq:

@@ -56,6 +56,8 @@ class Turn:
         allowed_ids: ``[R, K]`` int64 allowed next-token ids at each response position under
             constrained decoding, padded with -1; None for free generation.
         progress: the environment's subgoal completion in [0, 1] after this turn's action.
+        response_cut: the token budget (``rollout.max_new_tokens``) ended the response before
+            ``</action>`` or eos: the action was cut (``rollout/truncated_rate``).
         replay_advantage: for a turn stored in RSPO's replay buffer, its advantage under the
             learner's group-relative estimator over the full collected group with the outcome
             reward (computed at collection); a replayed row trains with it. None elsewhere.
@@ -74,6 +76,7 @@ class Turn:
     allowed_ids: torch.Tensor | None = None
     progress: float = 0.0
     replay_advantage: float | None = None
+    response_cut: bool = False
 
 
 @dataclass

@@ -305,8 +305,10 @@ class VLLMGenerator:
         greedy: bool,
         choices: list[list[str]] | list[list[list[int]]] | None = None,
         seeds: list[int] | None = None,
-    ) -> tuple[list[list[int]], list[list[float]]]:
-        """One turn's batch: the sampled ids and their behaviour log-probs per prompt.
+        max_tokens: int | None = None,
+    ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+        """One turn's batch: the sampled ids, their behaviour log-probs and whether the token
+        budget cut the response (vLLM's finish reason ``length``), per prompt.
 
         Args:
             prompts: prompt ids per row.
@@ -315,6 +317,8 @@ class VLLMGenerator:
             choices: per row, the only responses allowed: token-id sequences (the trie
                 constraint) or texts (vLLM's choice-structured outputs).
             seeds: per-row sampling seeds (reproducible samples).
+            max_tokens: this call's token budget (a constrained turn's longest choice); None =
+                ``max_new_tokens``.
         """
         if self.llm is None:
             self._build()
@@ -337,7 +341,7 @@ class VLLMGenerator:
                     temperature=0.0 if greedy else temperature,
                     top_p=1.0 if greedy else self.top_p,
                     top_k=0,
-                    max_tokens=self.max_new_tokens,
+                    max_tokens=max_tokens or self.max_new_tokens,
                     logprobs=0,
                     stop_token_ids=self.stop_ids,
                     stop=[self.stop_string] if self.stop_string else None,
@@ -347,13 +351,14 @@ class VLLMGenerator:
                 )
             )
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
-        ids, lps = [], []
+        ids, lps, cut = [], [], []
         for out in outputs:
             sample = out.outputs[0]
             tokens = list(sample.token_ids)
             ids.append(tokens)
             lps.append([float(step[tok].logprob) for step, tok in zip(sample.logprobs, tokens)])
-        return ids, lps
+            cut.append(sample.finish_reason == "length")
+        return ids, lps, cut
 
     def close_engine(self) -> None:
         if self.llm is not None:
