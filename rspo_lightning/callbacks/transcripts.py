@@ -43,7 +43,9 @@ def render_transcript(traj: Trajectory, tokenizer=None, max_chars: int = 2000) -
             "",
             fenced(_clip(turn.observation, max_chars)),
             "",
-            f"**response** ({len(turn.response_ids)} tokens, CUT by the token budget)" if turn.response_cut else "**response**",
+            f"**response** ({len(turn.response_ids)} tokens, CUT by the token budget)"
+            if turn.response_cut
+            else "**response**",
             "",
             fenced(_clip(response, max_chars)),
             "",
