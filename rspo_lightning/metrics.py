@@ -156,8 +156,14 @@ def iteration_metrics(it: Iteration, ppo_epochs: int) -> dict[str, float]:
     if it.batch.replay:
         values.update(replay_metrics(it.raw, it.flat))
     trained = int(it.train.attention_mask.sum()) * ppo_epochs
+    played = [turn for turn, replayed in zip(it.flat.turns, it.flat.is_replay.tolist()) if not replayed]
     values.update(
         {
+            # real (unpadded) tokens each stage computed on: what benchmarks/llm_speed.py turns into FLOP/s
+            "perf/prompt_tokens": float(sum(len(turn.prompt_ids) for turn in played)),
+            "perf/generated_tokens": float(it.tokens),
+            "perf/update_tokens": float(trained),
+            "perf/update_response_tokens": float(int(it.train.response_mask.sum()) * ppo_epochs),
             "train/advantage_abs": it.result.advantages.abs().mean().item() if len(it.result.advantages) else 0.0,
             **{f"perf/{k}_s": v for k, v in it.seconds.items()},
             "perf/rollout_tokens_per_s": it.tokens / max(it.seconds["rollout"], 1e-9),

@@ -290,6 +290,15 @@ class UpdateResult(NamedTuple):
     skipped: int
 
 
+def micro_batch_rows(lengths: Tensor, micro: int) -> list[Tensor]:
+    """A minibatch's rows in micro-batches of ``micro``: one micro-batch holds them in order; several
+    take them sorted by length (``lengths`` [n], stable), so each pads to rows of its own length
+    (the loss is a weighted sum over micro-batches, so the grouping changes no gradient)."""
+    n = len(lengths)
+    order = torch.arange(n) if micro >= n else torch.argsort(lengths, stable=True)
+    return [order[s : s + micro] for s in range(0, n, micro)]
+
+
 def ppo_update(
     batch: TrainBatch,
     loss_fn: LossFn,
@@ -330,7 +339,7 @@ def ppo_update(
             optimizer.zero_grad()
             mb = batch.select(mb_idx)
             micro = algo.micro_batch_size or max(len(mb), 1)
-            parts = [mb.select(torch.arange(s, min(len(mb), s + micro))) for s in range(0, len(mb), micro)]
+            parts = [mb.select(rows) for rows in micro_batch_rows(mb.attention_mask.sum(-1), micro)]
             counts = gather_values([*loss_sizes(mb, algo.loss_agg), len(mb)], device)  # [world, 3]
             t_on, t_off, rows = (float(counts[:, i].sum()) for i in range(3))  # for the diagnostics' means
             mb_stats: dict[str, float] = {}

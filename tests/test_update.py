@@ -269,3 +269,14 @@ def test_alpha_weighting_of_the_policy_loss_by_hand():
     # the pooled token-mean (offline_weighting: tokens) weighs each part by its tokens
     pooled, _ = update.micro_batch_loss(fwd, batch, update.pooled_scale(batch, m.algo.loss_agg), m.algo)
     assert float(pooled) == pytest.approx(-(n[0] * 1.0 + n[1] * -2.0 + n[2] * 4.0) / sum(n), abs=1e-5)
+
+
+def test_micro_batches_group_rows_of_similar_length_by_hand():
+    from rspo_lightning.update import micro_batch_rows
+
+    lengths = torch.tensor([5, 2, 9, 2, 7])
+    # sorted by length, ties in row order: rows 1, 3 (2 tokens), 0 (5), 4 (7), 2 (9)
+    assert [r.tolist() for r in micro_batch_rows(lengths, 2)] == [[1, 3], [0, 4], [2]]
+    # one micro-batch keeps the minibatch's own order (bitwise the same update as before)
+    assert [r.tolist() for r in micro_batch_rows(lengths, 5)] == [[0, 1, 2, 3, 4]]
+    assert [r.tolist() for r in micro_batch_rows(lengths, 8)] == [[0, 1, 2, 3, 4]]
