@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(
     [os.path.join(ROOT, "configs", "quickstart.yaml")]
     + glob.glob(os.path.join(ROOT, "configs", "compare", "*.yaml"))
+    + glob.glob(os.path.join(ROOT, "configs", "llm", "*.yaml"))  # SmolLM2's; tiny stands in under the smoke overlay
     + [
         p
         for p in glob.glob(os.path.join(ROOT, "configs", "household", "*.yaml"))
@@ -103,6 +104,8 @@ def test_config_instantiates(path, tmp_path, monkeypatch):
         loops = [c for c in cli.trainer.callbacks if isinstance(c, RSPOLoop)]
         assert len(loops) == 1 and loops[0].k == 3 and loops[0].offline_ratio == 0.125
         assert cli.model.dense_reward is not None
+    if folder == "llm":  # configs/llm/smollm2_<run>.yaml: every run of the LLM study is GRPO-based
+        name = "grpo"
     expected = {"ppo": "gae", "asym_ppo": "gae", "quickstart": "grpo"}.get(name, name)
     assert cli.model.algo.estimator == expected
     if name == "asym_ppo":
