@@ -104,8 +104,23 @@ QUICK = {
 # quickstart_copy and hard_copy: the quickstart and hard settings with the model configs/quickstart.yaml ships
 # since 2026-12-04 (copy_init + compact_last: 0.605 ± 0.077 valid_seen over 4 recorded seeds, from 0.484)
 COPY_MODEL = ("--model.policy.tiny.copy_init=true", "--model.rollout.template=compact_last")
-SETTINGS = {"hard": HARD, "quickstart": QUICK, "quickstart_copy": QUICK, "hard_copy": HARD}
-SETTING_OVERRIDES = {"quickstart_copy": COPY_MODEL, "hard_copy": COPY_MODEL}  # a setting's model overrides
+# llm: the quickstart env played by SmolLM2-135M-Instruct (configs/llm/), 256 + 256 held-out tasks. Its
+# untrained start and a random policy are one shared record (benchmarks/llm_start.py), so the runs skip the
+# validation before training (40 min a split pair on one thread) and validate once a 7-iteration RSPO loop.
+LLM = {**QUICK, "num_valid_seen": 256, "num_valid_unseen": 256}
+SETTINGS = {"hard": HARD, "quickstart": QUICK, "quickstart_copy": QUICK, "hard_copy": HARD, "llm": LLM}
+SETTING_OVERRIDES = {  # a setting's model (and validation) overrides, after the run's own
+    "quickstart_copy": COPY_MODEL,
+    "hard_copy": COPY_MODEL,
+    "llm": ("--trainer.num_sanity_val_steps=0", "--data.iterations_per_epoch=7", "--data.val_groups_per_batch=32"),
+}
+# a setting's own config for each compare/ config a run names (the run's overrides stay)
+SETTING_CONFIGS = {
+    "llm": {
+        "configs/compare/grpo.yaml": "configs/llm/smollm2_grpo.yaml",
+        "configs/compare/grpo_rspo.yaml": "configs/llm/smollm2_rspo.yaml",
+    }
+}
 # the settings of --quick-budget and --quick-a-updates (the others: --budget, --a-updates)
 QUICK_SETTINGS = ("quickstart", "quickstart_copy")
 PROGRESS = "rspo_lightning.rewards.EnvProgressReward"
@@ -309,7 +324,10 @@ def make_job(setting: str, run: str, seed: int, budget: int, val_tasks: int = 12
         *SETTING_OVERRIDES.get(setting, ()),
         *extra,
     )
-    return Job(setting, run, seed, spec.config, overrides, budget)
+    config = SETTING_CONFIGS.get(setting, {}).get(spec.config)
+    if setting in SETTING_CONFIGS and config is None:
+        raise ValueError(f"run {run!r} has no config in setting {setting!r}: {sorted(SETTING_CONFIGS[setting])} have")
+    return Job(setting, run, seed, config or spec.config, overrides, budget)
 
 
 def run_dir(job: Job, out_runs) -> Path:
@@ -404,6 +422,7 @@ def launch(job: Job, out_runs, threads: int = 1, resume: bool | None = None) -> 
         "resumed": resume,
         "started": time.time(),
         "load_start": list(os.getloadavg()),
+        "machine": machine_fingerprint(),
         "log": log.name,
         "commit": commit(),
         **_job_args(job),
@@ -424,6 +443,34 @@ def launch(job: Job, out_runs, threads: int = 1, resume: bool | None = None) -> 
     _write_json(rd / "attempts.json", [*attempts, {**entry, "pid": proc.pid}])
     _write_json(lock, proc.pid)
     return proc
+
+
+def machine_fingerprint() -> dict:
+    """What an attempt ran on: host, CPU model, cores, memory, torch and Python versions."""
+    import platform
+
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in _read_lines("/proc/cpuinfo") if line.startswith("model name")),
+        platform.machine(),
+    )
+    mem = next((line.split()[1] for line in _read_lines("/proc/meminfo") if line.startswith("MemTotal")), None)
+    import torch
+
+    return {
+        "host": platform.node(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "mem_kb": int(mem) if mem else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        return Path(path).read_text().splitlines()
+    except OSError:
+        return []
 
 
 def _job_args(job: Job) -> dict:
@@ -638,6 +685,8 @@ def build_record(
         "load_start": attempts[0].get("load_start") if attempts else None,
         "load_end": attempts[-1].get("load_end") if attempts else None,
         "commit": attempts[-1].get("commit") if attempts else None,
+        "machines": [a.get("machine") for a in attempts],  # one fingerprint per attempt (None: older records)
+        "resumed": [a.get("resumed_from_iteration") for a in attempts if a.get("resumed")],
         "curve": curve,
         "diagnostics": diagnostics(history),
         "finals": finals(curve, n, job.budget),

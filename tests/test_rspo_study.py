@@ -379,3 +379,26 @@ def test_a_study_command_parses(tmp_path):
     }
     assert cfg["trainer"]["logger"]["init_args"]["name"] == "hard/grpo_rspo_noise01/seed1"
     assert cfg["data"]["num_val_tasks"] == 128 and cfg["data"]["iterations_per_epoch"] == 3
+
+
+def test_llm_setting_plays_the_llm_configs_and_validates_once_a_loop():
+    grpo = study.make_job("llm", "grpo", 0, 4500, val_tasks=256)
+    shaped = study.make_job("llm", "grpo_shaped", 1, 4500, val_tasks=256)
+    rspo = study.make_job("llm", "grpo_rspo", 0, 4500, val_tasks=256)
+    rspo_h = study.make_job("llm", "grpo_rspo_h", 0, 4500, val_tasks=256)
+    assert grpo.config == shaped.config == "configs/llm/smollm2_grpo.yaml"
+    assert rspo.config == rspo_h.config == "configs/llm/smollm2_rspo.yaml"
+    assert "--data.reward_mode=outcome+dense" in shaped.overrides
+    assert "--trainer.callbacks.replay_from=history" in rspo_h.overrides
+    for job in (grpo, shaped, rspo, rspo_h):
+        # the setting's overrides come last, so they win over the run's validation interval of 3
+        assert job.overrides[-3:] == study.SETTING_OVERRIDES["llm"]
+        env = json.loads(next(o for o in job.overrides if o.startswith("--data.env.kwargs=")).split("=", 1)[1])
+        assert env["num_valid_seen"] == env["num_valid_unseen"] == 256 and env["num_receptacles"] == 4
+    with pytest.raises(ValueError, match="has no config in setting 'llm'"):
+        study.make_job("llm", "gigpo", 0, 4500)
+
+
+def test_every_attempt_records_its_machine():
+    m = study.machine_fingerprint()
+    assert m["cores"] == os.cpu_count() and m["torch"] and m["cpu"] and m["mem_kb"] > 0
