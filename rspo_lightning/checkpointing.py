@@ -16,7 +16,6 @@ saves counted in RL iterations in a place the next run finds.
 
 from __future__ import annotations
 
-import errno
 import glob
 import hashlib
 import os
@@ -26,6 +25,8 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
+
+from rspo_lightning.runfiles import file_error_message, remove_stale_temps
 
 
 class CheckpointError(RuntimeError):
@@ -44,11 +45,7 @@ def _write_atomic(path: str, write, before_rename=None) -> None:
     """``write(file)`` into a temporary file next to ``path``, fsync, ``before_rename()``, rename over ``path``."""
     directory = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(directory, exist_ok=True)
-    for orphan in glob.glob(glob.escape(path) + ".tmp-*"):  # left by a run killed mid-write
-        try:
-            os.remove(orphan)
-        except OSError:
-            pass
+    remove_stale_temps(glob.escape(path) + ".tmp-*")  # left by a run killed mid-write; a live writer's stay
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -63,10 +60,10 @@ def _write_atomic(path: str, write, before_rename=None) -> None:
             os.remove(tmp)
         except OSError:
             pass
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        message = file_error_message(path, exc, "write checkpoint")
+        if message is not None:
             raise CheckpointError(
-                f"no space left on the device to write checkpoint {path}; the previous checkpoint "
-                f"there is untouched. Free space in {directory} and resume with --ckpt_path last"
+                f"{message}; the previous checkpoint there is untouched: resume with --ckpt_path last"
             ) from exc
         raise
     try:  # make the rename itself durable

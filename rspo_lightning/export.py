@@ -29,6 +29,7 @@ model source that no longer exists.
 from __future__ import annotations
 
 import argparse
+import glob
 import hashlib
 import json
 import os
@@ -40,6 +41,7 @@ from typing import Any
 import torch
 
 from rspo_lightning.checkpointing import CheckpointError, file_sha256, load_checkpoint_file
+from rspo_lightning.runfiles import file_error_message, remove_stale_temps
 
 EXPORT_META = "rspo_export.json"
 
@@ -191,6 +193,38 @@ def agent_a_module(ckpt_path: str, config: str | None = None):
     return module, checkpoint, from_snapshot
 
 
+def check_replaceable(target: Path, ckpt_path: str, overwrite: bool) -> None:
+    """Refuse an ``--out`` that exists, unless ``overwrite`` and it holds an earlier export
+    (``rspo_export.json``) and no checkpoint: ``--overwrite`` never deletes a run."""
+    if not target.exists() and not target.is_symlink():
+        return
+    if not overwrite:
+        raise FileExistsError(
+            f"export: {target} exists; pass --overwrite to replace an earlier export, or another --out"
+        )
+    if not target.is_dir() or target.is_symlink():
+        raise FileExistsError(
+            f"export --overwrite: {target} is a file, not an earlier export folder; remove it yourself or choose another --out"
+        )
+    ckpt = Path(ckpt_path).resolve()
+    if ckpt == target.resolve() or target.resolve() in ckpt.parents:
+        raise FileExistsError(
+            f"export --overwrite: {target} holds the checkpoint being exported ({ckpt_path}); choose another --out"
+        )
+    checkpoints = sorted(str(p.relative_to(target)) for p in target.rglob("*.ckpt"))
+    if checkpoints:
+        raise FileExistsError(
+            f"export --overwrite: {target} holds checkpoints ({', '.join(checkpoints[:3])}"
+            f"{', ...' if len(checkpoints) > 3 else ''}): it is a run, not an earlier export; choose another --out"
+        )
+    if not (target / EXPORT_META).is_file() and any(target.iterdir()):
+        held = sorted(p.name for p in target.iterdir())
+        raise FileExistsError(
+            f"export --overwrite: {target} is not an earlier export (no {EXPORT_META}; it holds "
+            f"{', '.join(held[:5]) or 'nothing'}{', ...' if len(held) > 5 else ''}); remove it yourself or choose another --out"
+        )
+
+
 def export(
     ckpt_path: str,
     out: str,
@@ -205,8 +239,8 @@ def export(
     import rspo_lightning
 
     target = Path(out)
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"export: {target} exists; pass --overwrite to replace it, or another --out")
+    check_replaceable(target, ckpt_path, overwrite)
+    remove_stale_temps(str(target.with_name(f".{glob.escape(target.name)}.tmp-*")))  # of killed exports
     module, checkpoint, from_snapshot = agent_a_module(ckpt_path, config)
     policy, tokenizer = module.policy, module.tokenizer
     lora = module.policy_cfg.lora is not None
@@ -293,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     except (CheckpointError, FileExistsError, ValueError, FileNotFoundError) as exc:
         sys.stderr.write(f"error: {exc}\n")
+        return 2
+    except OSError as exc:  # a read-only or full folder: named with its fix
+        sys.stderr.write(f"error: export: {file_error_message(args.out, exc) or exc}\n")
         return 2
     print(
         f"export: agent A of {args.ckpt_path} (iteration {meta['iteration']}, {meta['estimator']}"

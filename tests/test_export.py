@@ -307,3 +307,47 @@ def test_validating_the_export_reproduces_validating_its_checkpoint(tmp_path):
         results.append(seen)
     assert results[0] and "val/success_rate" in results[0]
     assert results[0] == results[1]
+
+
+def _dead_pid() -> int:
+    from rspo_lightning.runfiles import pid_alive
+
+    return next(p for p in range(4_194_000, 4_194_304) if not pid_alive(p))
+
+
+def test_export_overwrite_replaces_only_an_earlier_export_and_never_a_run(tmp_path, capsys):
+    ckpt = _fit(_module(), tmp_path, 1)
+    before = sorted(os.listdir(tmp_path / "ckpt"))
+    # the run's folder (it holds the checkpoint being exported), the checkpoint folder itself, a folder of
+    # other checkpoints, a folder that is no export, a file: each refused in one line, nothing deleted
+    other = tmp_path / "other_run"
+    (other / "checkpoints").mkdir(parents=True)
+    (other / "checkpoints" / "iteration=5.ckpt").write_bytes(b"x")
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.txt").write_text("keep me")
+    afile = tmp_path / "file.txt"
+    afile.write_text("keep me too")
+    for out, says in (
+        (tmp_path, "holds the checkpoint being exported"),
+        (tmp_path / "ckpt", "holds the checkpoint being exported"),
+        (other, "holds checkpoints (checkpoints/iteration=5.ckpt)"),
+        (notes, "is not an earlier export (no rspo_export.json; it holds a.txt)"),
+        (afile, "is a file"),
+    ):
+        assert main(["--ckpt_path", ckpt, "--out", str(out), "--overwrite"]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert sorted(os.listdir(tmp_path / "ckpt")) == before and os.path.exists(ckpt)
+    assert (other / "checkpoints" / "iteration=5.ckpt").exists() and (notes / "a.txt").read_text() == "keep me"
+    assert afile.read_text() == "keep me too"
+    # an earlier export is replaced; without --overwrite it is refused
+    hf = tmp_path / "hf"
+    assert main(["--ckpt_path", ckpt, "--out", str(hf)]) == 0
+    assert main(["--ckpt_path", ckpt, "--out", str(hf)]) == 2 and "pass --overwrite" in capsys.readouterr().err
+    # a dead export's leftover is removed at the next export; a live process's is not
+    dead, live = tmp_path / f".hf.tmp-{_dead_pid()}", tmp_path / f".hf.tmp-{os.getppid()}"
+    dead.mkdir()
+    live.mkdir()
+    assert main(["--ckpt_path", ckpt, "--out", str(hf), "--overwrite"]) == 0
+    assert (hf / "rspo_export.json").is_file() and not dead.exists() and live.exists()
