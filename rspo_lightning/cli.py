@@ -31,6 +31,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from rspo_lightning import runtime  # noqa: F401  (filters Lightning's notices for every command, SFT and PRM fits too)
 from rspo_lightning.callbacks import IterationProgressBar, TranscriptLogger
 from rspo_lightning.checkpointing import CheckpointError, IterationCheckpoint, load_checkpoint_file, other_checkpoints
+from rspo_lightning.runfiles import RunLock, RunLockedError
 
 DEFAULT_SAVE_DIR = "runs"  # the logger save_dir of every shipped config: replaced by --trainer.default_root_dir
 
@@ -254,6 +255,8 @@ class AgentCLI(LightningCLI):
         """The subcommand, its checkpoint resolved first; a run that fails before it completed an
         iteration (fit) or anything (validate, test, predict) removes the log folder it created."""
         self._resolve_checkpoint(subcommand)
+        if subcommand == "fit":
+            self._lock_run()
         folder = getattr(self.trainer.logger, "log_dir", None) if self.trainer.logger is not None else None
         existed = folder is None or os.path.exists(folder)
         start = getattr(self.model, "iteration", 0)
@@ -263,6 +266,23 @@ class AgentCLI(LightningCLI):
             if not existed and (subcommand != "fit" or getattr(self.model, "iteration", 0) == start):
                 _remove_new_folder(folder, getattr(self.trainer.logger, "save_dir", None))
             raise
+        finally:
+            if getattr(self, "_run_lock", None) is not None:
+                self._run_lock.release()
+
+    def _lock_run(self) -> None:
+        """One writer per run: global rank 0 of a fit holds ``RunLock`` on its checkpoint folder
+        until the fit (or its process) ends (evaluations read without it); a second fit of the same run stops
+        here, naming the holder's pid and the ways out."""
+        callbacks = [c for c in self.trainer.checkpoint_callbacks if isinstance(c, IterationCheckpoint)]
+        if not callbacks or not self.trainer.is_global_zero:
+            return
+        callbacks[0]._stable_dir(self.trainer)
+        self._run_lock = RunLock(callbacks[0].dirpath)
+        try:
+            self._run_lock.acquire()
+        except RunLockedError as exc:
+            _refuse(exc)
 
     @staticmethod
     def _seeds_from_seed_everything(cfg) -> None:
