@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import logging
 import os
 import zipfile
 from typing import Any
@@ -27,6 +28,8 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from rspo_lightning.runfiles import file_error_message, remove_stale_temps
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
@@ -126,6 +129,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 _MATCHED_SUMS: set[tuple] = set()
 
 
+_UNCHECKED: set[str] = set()  # checkpoints loaded without a sidecar (warned once each)
+
+
 def load_checkpoint_file(
     path: str, map_location: Any = "cpu", weights_only: bool = True, mmap: bool = False
 ) -> dict[str, Any]:
@@ -140,8 +146,17 @@ def load_checkpoint_file(
         )
     sidecar = path + ".sha256"
     if os.path.isfile(sidecar):
-        with open(sidecar) as f:
-            expected = f.read().split()[:1]
+        try:
+            with open(sidecar, "rb") as f:
+                expected = f.read(4096).decode("ascii").split()[:1]
+        except (OSError, UnicodeDecodeError):
+            expected = None
+        if not expected or len(expected[0]) != 64 or any(c not in "0123456789abcdef" for c in expected[0]):
+            raise CheckpointError(
+                f"checkpoint {path}: its checksum file {sidecar} is unreadable or holds no SHA-256, so the "
+                f"checkpoint cannot be checked; restore the sidecar, delete it to load unchecked, or "
+                f"{other_checkpoints(path)}"
+            )
         info = os.stat(path)
         stamp = (os.path.realpath(path), info.st_size, info.st_mtime_ns, tuple(expected))
         if expected and stamp not in _MATCHED_SUMS:
@@ -168,6 +183,9 @@ def load_checkpoint_file(
         raise CheckpointError(
             f"checkpoint {path} holds no Lightning checkpoint (no 'state_dict'); {other_checkpoints(path)}"
         )
+    if not os.path.isfile(sidecar) and "rspo_iteration" in checkpoint and os.path.realpath(path) not in _UNCHECKED:
+        _UNCHECKED.add(os.path.realpath(path))  # ours always have one: it was deleted, or a kill came between the two
+        log.warning("checkpoint %s has no checksum file %s: loaded without the check", path, sidecar)
     return checkpoint
 
 

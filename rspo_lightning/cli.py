@@ -138,6 +138,8 @@ class AgentCLI(LightningCLI):
         change is printed, one line per value."""
         sub = self.config.get("subcommand")
         path = self.config[sub].get("ckpt_path") if sub else None
+        if path and os.path.isdir(path) and not os.path.isfile(os.path.join(path, "meta.pt")):
+            path = self.config[sub]["ckpt_path"] = _checkpoint_in_folder(path)  # a sharded folder stays itself
         if not path or path in SYMBOLIC_CKPT or not os.path.isfile(path):
             if path == "best":
                 sys.exit(
@@ -341,6 +343,21 @@ def _command_line_keys(args) -> list[str]:
 
 def _on_command_line(key: str, cli_keys: list[str]) -> bool:
     return any(key == c or key.startswith(c + ".") or c.startswith(key + ".") for c in cli_keys)
+
+
+def _checkpoint_in_folder(folder: str) -> str:
+    """``--ckpt_path FOLDER``: the ``last.ckpt`` it holds (a run's ``checkpoints/`` folder), else
+    exit naming the checkpoints it does hold."""
+    last = os.path.join(folder, "last.ckpt")
+    if os.path.isfile(last):
+        return last
+    held = sorted(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(folder), "*.ckpt")))
+    _refuse(
+        CheckpointError(
+            f"--ckpt_path {folder} is a folder without last.ckpt; "
+            + (f"pass one of its checkpoints: {', '.join(held)}" if held else "it holds no checkpoint (*.ckpt)")
+        )
+    )
 
 
 def _refuse(exc: Exception) -> None:

@@ -303,3 +303,66 @@ def test_a_second_fit_of_a_run_whose_lock_is_held_is_refused_in_one_line(tmp_pat
     holder.wait()
     lock.acquire()
     lock.release()
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A real 2 MiB tmpfs (root and a mount namespace that allows it), unmounted afterwards."""
+    where = tmp_path / "small"
+    where.mkdir()
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        pytest.skip(
+            f"cannot mount a 2 MiB tmpfs here ({proc.stderr.strip() or proc.returncode}); the faked-OSError test stands"
+        )
+    yield where
+    subprocess.run(["umount", str(where)], check=False)
+
+
+def test_a_real_full_disk_is_named_and_the_previous_checkpoint_stays(small_filesystem):
+    path = str(small_filesystem / "last.ckpt")
+    io = AtomicCheckpointIO()
+    io.save_checkpoint(_ckpt(1), path)
+    big = {"state_dict": {"w": torch.zeros(1_000_000)}, "epoch": 1}  # 4 MB into 2 MiB: torch's writer fails mid-file
+    with pytest.raises(CheckpointError) as info:
+        io.save_checkpoint(big, path)
+    msg = str(info.value)
+    assert "no space left on the device" in msg and path in msg and "previous checkpoint" in msg, msg
+    assert sorted(os.listdir(small_filesystem)) == ["last.ckpt", "last.ckpt.sha256"]
+    assert torch.equal(load_checkpoint_file(path)["state_dict"]["w"], torch.ones(4))
+
+
+@pytest.mark.parametrize("sidecar", [b"", os.urandom(64), b"not a sum  last.ckpt\n"], ids=["empty", "random", "text"])
+def test_an_unreadable_sidecar_is_refused_like_a_mismatched_one(tmp_path, sidecar):
+    path = str(tmp_path / "last.ckpt")
+    AtomicCheckpointIO().save_checkpoint(_ckpt(1), path)
+    open(path + ".sha256", "wb").write(sidecar)
+    with pytest.raises(CheckpointError, match="unreadable or holds no SHA-256") as info:
+        load_checkpoint_file(path)
+    assert path in str(info.value) and "delete it to load unchecked" in str(info.value)
+
+
+def test_a_missing_sidecar_of_our_checkpoint_loads_with_one_warning(tmp_path, caplog):
+    path = str(tmp_path / "last.ckpt")
+    AtomicCheckpointIO().save_checkpoint({**_ckpt(1), "rspo_iteration": 3}, path)
+    os.remove(path + ".sha256")
+    with caplog.at_level("WARNING", logger="rspo_lightning.checkpointing"):
+        assert load_checkpoint_file(path)["rspo_iteration"] == 3
+        load_checkpoint_file(path)
+    warned = [r.getMessage() for r in caplog.records if "no checksum file" in r.getMessage()]
+    assert len(warned) == 1 and path in warned[0]
+
+
+def test_a_folder_as_ckpt_path_means_its_last_ckpt_or_lists_what_it_holds(tmp_path, capsys):
+    from rspo_lightning.cli import _checkpoint_in_folder
+
+    io = AtomicCheckpointIO()
+    io.save_checkpoint(_ckpt(1), str(tmp_path / "iteration=3.ckpt"))
+    with pytest.raises(SystemExit):
+        _checkpoint_in_folder(str(tmp_path))
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "without last.ckpt" in err and "iteration=3.ckpt" in err
+    io.save_checkpoint(_ckpt(2), str(tmp_path / "last.ckpt"))
+    assert _checkpoint_in_folder(str(tmp_path)) == str(tmp_path / "last.ckpt")
