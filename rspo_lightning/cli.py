@@ -48,20 +48,19 @@ def _keys(parser) -> list[str]:
 
 
 class AgentArgumentParser(LightningArgumentParser):
-    """A wrong option prints the error, the nearest known key, and where the manual is, instead
-    of the full usage."""
+    """A wrong option prints the error, the nearest known key (or allowed value), and where the
+    manual is, instead of the full usage. Options are never abbreviated (``--trainer.max_epoch``
+    is an error, not ``max_epochs``)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or debug_mode_active():
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
-        known = _keys(parser)
-        hints = []
-        for key in dict.fromkeys(re.findall(r"(?:--|')([A-Za-z_][\w.]*)", message)):
-            if key not in known:
-                close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-                if close:
-                    hints.append(f"did you mean '{close[0]}' for '{key}'?")
+        hints = _hints(message, _keys(parser))
         prog = parser.prog.replace(" [options]", "")
         sys.stderr.write(
             f"error: {message}\n"
@@ -69,6 +68,24 @@ class AgentArgumentParser(LightningArgumentParser):
             + f"For the accepted options run: {prog} --help\n"
         )
         sys.exit(2)
+
+
+def _hints(message: str, known: list[str]) -> list[str]:
+    """ "did you mean" lines for a parser error: the closest real key for an unknown option
+    (``--key`` or ``key "x"``), the closest allowed value for a value outside a ``Literal``."""
+    hints = []
+    keys = re.findall(r"--([A-Za-z_][\w.]*)", message) + re.findall(r"[Kk]ey \"?'?([A-Za-z_][\w.]*)", message)
+    for key in dict.fromkeys(keys):
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            if close:
+                hints.append(f"did you mean '{close[0]}' for '{key}'?")
+    literal = re.search(r"Literal\[(.*?)\]\. Got value: (\S+)", message)
+    if literal:
+        allowed, value = re.findall(r"'([^']*)'", literal.group(1)), literal.group(2).strip("'\"")
+        close = difflib.get_close_matches(value, allowed, n=1, cutoff=0.7)
+        hints.append(f"did you mean '{close[0]}'?" if close else f"allowed: {', '.join(allowed)}")
+    return hints
 
 
 class AgentCLI(LightningCLI):
@@ -264,9 +281,11 @@ class AgentCLI(LightningCLI):
         start = getattr(self.model, "iteration", 0)
         try:
             super()._run_subcommand(subcommand)
-        except BaseException:
+        except BaseException as exc:
             if not existed and (subcommand != "fit" or getattr(self.model, "iteration", 0) == start):
                 _remove_new_folder(folder, getattr(self.trainer.logger, "save_dir", None))
+            if getattr(self.model, "iteration", 0) != start:
+                exc.rspo_after_first_iteration = True  # main() shows its traceback: not a startup error
             raise
         finally:
             if getattr(self, "_run_lock", None) is not None:
@@ -409,6 +428,16 @@ def _names_a_class(argv: list[str]) -> bool:
                     cfg = yaml.safe_load(f) or {}
             except OSError:
                 continue  # the CLI itself reports the missing file
+            except yaml.YAMLError as exc:
+                mark = getattr(exc, "problem_mark", None)
+                where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+                problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+                raise ValueError(f"--config {argv[i + 1]} is not valid YAML ({problem}{where}); fix the file") from None
+            if not isinstance(cfg, dict):
+                raise ValueError(
+                    f"--config {argv[i + 1]} must hold a mapping of sections (trainer:, model:, data:, ...), "
+                    f"got a YAML {type(cfg).__name__}; see configs/quickstart.yaml"
+                )
             if any(isinstance(cfg.get(k), dict) and "class_path" in cfg[k] for k in ("model", "data")):
                 return True
     return False
@@ -422,10 +451,64 @@ class _NoTips(logging.Filter):
         return "Tip: For seamless cloud" not in record.getMessage()
 
 
+DEBUG_ENV = "RSPO_DEBUG"
+#: What a user's input can raise before the first iteration (a value, a path, an env, a package):
+#: one ``error:`` line and exit 2 (``--debug`` or RSPO_DEBUG=1: the traceback).
+USER_ERRORS = (
+    ValueError,
+    TypeError,
+    LookupError,
+    OSError,
+    ImportError,
+    CheckpointError,
+    RunLockedError,
+    yaml.YAMLError,
+)
+
+
+def user_error_message(exc: BaseException) -> str | None:
+    """The one-line message of a user's error, or None when ``exc`` is not one (a bug, or an
+    error after training started): the first of its chain whose type is a user error and whose
+    message names something (a wrapper's own text is kept in front when it adds the context)."""
+    if getattr(exc, "rspo_after_first_iteration", False):
+        return None
+    chain, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    for err in chain:
+        if isinstance(err, USER_ERRORS):
+            text = " ".join(str(err).split()) or type(err).__name__
+            if isinstance(err, OSError) and getattr(err, "filename", None) and str(err.filename) not in text:
+                text += f": {err.filename}"
+            gym = type(err).__module__.startswith("gymnasium")
+            return f"{'environment: ' if gym else ''}{text}"
+    return None
+
+
 def main(args: list[str] | None = None) -> None:
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).addFilter(_NoTips())
     argv = list(sys.argv[1:] if args is None else args)
+    debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    if "--debug" in argv:
+        argv = [a for a in argv if a != "--debug"]
+        if args is None:
+            sys.argv[1:] = argv
+        else:
+            args = argv
+    try:
+        _main(argv, args)
+    except Exception as exc:
+        message = None if debug else user_error_message(exc)
+        if message is None:
+            raise
+        sys.stderr.write(f"error: {message}\n(the traceback: add --debug or set {DEBUG_ENV}=1)\n")
+        sys.exit(2)
+
+
+def _main(argv: list[str], args: list[str] | None) -> None:
     if argv[:1] == ["export"]:  # agent A of a checkpoint as a Hugging Face directory (rspo_lightning/export.py)
         from rspo_lightning.export import main as export_main
 

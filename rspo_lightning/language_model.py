@@ -200,6 +200,11 @@ def _load_hf_dir(
     directory: str, torch_dtype: torch.dtype, trust_remote_code: bool
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a model saved with ``save_pretrained`` (or downloaded) into a local directory."""
+    if os.path.isfile(directory):
+        raise ValueError(
+            f"policy source {directory!r} is a file, not a model: pass a local Hugging Face model directory "
+            f"(with config.json), a path ending in .gguf, 'smollm2', or 'tiny'."
+        )
     if not os.path.isdir(directory):
         raise FileNotFoundError(
             f"policy source {directory!r} is not an existing directory. Pass a local Hugging Face "

@@ -22,7 +22,14 @@ from rspo_lightning import choices
 from rspo_lightning.batching import left_pad
 from rspo_lightning.envs.pool import EnvFault, EnvPool
 from rspo_lightning.parsing import parse_response
-from rspo_lightning.prompts import ACTION_CLOSE, ACTION_OPEN, HistoryEntry, action_response_ids, build_turn_prompts
+from rspo_lightning.prompts import (
+    ACTION_CLOSE,
+    ACTION_OPEN,
+    TEMPLATES,
+    HistoryEntry,
+    action_response_ids,
+    build_turn_prompts,
+)
 from rspo_lightning.serialization import checkpoint_safe
 from rspo_lightning.trie import ActionTrie, TrieConstraint
 from rspo_lightning.types import TaskSpec, Trajectory, Turn
@@ -105,6 +112,8 @@ class RolloutConfig:
             )
         if self.max_new_tokens < 1:
             raise ValueError(f"rollout.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.template not in TEMPLATES:
+            raise ValueError(f"rollout.template must be one of {sorted(TEMPLATES)}, got {self.template!r}")
 
 
 class StopRecorder(StoppingCriteria):

@@ -11,8 +11,6 @@ import os
 import shutil
 from pathlib import Path
 
-LOCK_NAME = ".rspo_run.lock"
-
 
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists (ours or another user's)."""
@@ -87,12 +85,14 @@ def file_error_message(path: str, exc: BaseException, what: str = "write") -> st
 
 
 class RunLock:
-    """One writer per run folder: ``fcntl.flock`` on ``<folder>/.rspo_run.lock``, held for the
-    process's life and released by the kernel when it dies (a ``kill -9`` leaves no stale lock).
+    """One writer per run folder: ``fcntl.flock`` on ``.<folder name>.lock`` beside the checkpoint
+    folder (inside it, Lightning would call every new run's folder "not empty"), held while the fit
+    runs and released by the kernel when its process dies (a ``kill -9`` leaves no stale lock).
     The file holds the owner's pid, for the message a second writer gets."""
 
     def __init__(self, folder: str | os.PathLike):
-        self.path = Path(folder) / LOCK_NAME
+        folder = Path(os.path.abspath(folder))
+        self.path = folder.parent / f".{folder.name}.lock"
         self._fd: int | None = None
 
     def acquire(self) -> None:

@@ -291,10 +291,9 @@ def test_a_second_fit_of_a_run_whose_lock_is_held_is_refused_in_one_line(tmp_pat
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"pid {os.getpid()}" in errors[0], proc.stderr[-2000:]
     assert "--trainer.logger.init_args.name" in errors[0] and "--trainer.default_root_dir" in errors[0]
-    assert sorted(os.listdir(tmp_path / "runs" / "quickstart")) == ["checkpoints"]  # no version_N, no checkpoint
-    assert os.listdir(tmp_path / "runs" / "quickstart" / "checkpoints") == [".rspo_run.lock"]
+    assert sorted(os.listdir(tmp_path / "runs" / "quickstart")) == [".checkpoints.lock"]  # no version_N, no checkpoint
     # the kernel drops a dead holder's lock: a process that took it and was killed leaves it free
-    code = f"from rspo_lightning.runfiles import RunLock; RunLock({str(lock.path.parent)!r}).acquire(); print('held')"
+    code = f"from rspo_lightning.runfiles import RunLock; RunLock({str(tmp_path / 'runs' / 'quickstart' / 'checkpoints')!r}).acquire(); print('held')"
     holder = subprocess.Popen(
         [sys.executable, "-c", code + "; import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True
     )
