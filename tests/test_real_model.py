@@ -14,10 +14,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_smollm2_plays_one_household_turn():
-    from rspo_lightning.language_model import load_policy
-
-    model, tok = load_policy("smollm2")
+def test_smollm2_plays_one_household_turn(smollm2):
+    model, tok = smollm2
     torch.manual_seed(0)
     cfg = RolloutConfig(max_new_tokens=24, max_turns=1, template="household")
     engine = RolloutEngine(model, tok, cfg, {"task_types": ["pick_and_place"], "num_receptacles": 6})
