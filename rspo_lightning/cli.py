@@ -470,8 +470,8 @@ def user_error_message(exc: BaseException) -> str | None:
     """The one-line message of a user's error, or None when ``exc`` is not one (a bug, or an
     error after training started): the first of its chain whose type is a user error and whose
     message names something (a wrapper's own text is kept in front when it adds the context)."""
-    if getattr(exc, "rspo_after_first_iteration", False):
-        return None
+    if getattr(exc, "rspo_after_first_iteration", False) and not isinstance(exc, (CheckpointError, RunLockedError)):
+        return None  # a checkpoint that cannot be written (full disk, read-only folder) is named at any time
     chain, seen = [], set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
