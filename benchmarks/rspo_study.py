@@ -80,6 +80,8 @@ from pathlib import Path
 
 from _runs import ROOT, commit, mean_std, parse_seeds, plot_curves
 
+from rspo_lightning.runfiles import pid_alive
+
 BENCH = Path(__file__).resolve().parent
 
 # The hard setting: 8 receptacles, 2 distractors, 15 steps. A uniformly random admissible policy
@@ -390,12 +392,8 @@ def _json_safe(obj):
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     try:
         return b"rspo_lightning.cli" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
