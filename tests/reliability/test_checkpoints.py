@@ -267,29 +267,26 @@ def test_step_knobs_that_count_optimizer_steps_are_refused():
         fit(max_epochs=1, callbacks=[pl.callbacks.ModelCheckpoint(every_n_train_steps=5)])
 
 
-def test_a_second_fit_of_a_run_whose_lock_is_held_is_refused_in_one_line(tmp_path):
+def test_a_second_fit_of_a_run_whose_lock_is_held_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
     """One writer per run folder: the test holds the run's lock (as a live fit's rank 0 would); a
     fit of the same run stops at startup naming the holder and the ways out, and writes nothing."""
-    import shutil
-    import subprocess
-    import sys
-
+    from rspo_lightning.cli import main
     from rspo_lightning.runfiles import RunLock
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    monkeypatch.chdir(tmp_path)
     lock = RunLock(tmp_path / "runs" / "quickstart" / "checkpoints")
     lock.acquire()
     try:
-        exe = shutil.which("rspo-lightning")
-        cmd = [exe] if exe else [sys.executable, "-m", "rspo_lightning.cli"]
-        args = ["fit", "--config", os.path.join(root, "configs", "quickstart.yaml"), "--config"]
-        args += [os.path.join(root, "configs", "smoke.yaml"), "--trainer.default_root_dir", str(tmp_path / "runs")]
-        proc = subprocess.run([*cmd, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        args = ["fit", "--config", os.path.join(ROOT, "configs", "quickstart.yaml"), "--config"]
+        args += [os.path.join(ROOT, "configs", "smoke.yaml"), "--trainer.default_root_dir", str(tmp_path / "runs")]
+        with pytest.raises(SystemExit) as info:
+            main(args)
     finally:
         lock.release()
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and f"pid {os.getpid()}" in errors[0], proc.stderr[-2000:]
+    err = capsys.readouterr().err
+    assert info.value.code != 0 and "Traceback" not in err, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"pid {os.getpid()}" in errors[0], err[-2000:]
     assert "--trainer.logger.init_args.name" in errors[0] and "--trainer.default_root_dir" in errors[0]
     assert sorted(os.listdir(tmp_path / "runs" / "quickstart")) == [".checkpoints.lock"]  # no version_N, no checkpoint
     # the kernel drops a dead holder's lock: a process that took it and was killed leaves it free
