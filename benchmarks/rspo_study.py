@@ -443,6 +443,17 @@ def launch(job: Job, out_runs, threads: int = 1, resume: bool | None = None) -> 
     return proc
 
 
+def rollout_backend(job: Job) -> str:
+    """The rollout backend a job's fit uses: its last ``--model.rollout.backend`` override, else its config's."""
+    for o in reversed(job.overrides):
+        if o.startswith("--model.rollout.backend="):
+            return o.split("=", 1)[1]
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / job.config).read_text()) or {}
+    return ((cfg.get("model") or {}).get("rollout") or {}).get("backend", "hf")
+
+
 def machine_fingerprint() -> dict:
     """What an attempt ran on: host, CPU model, cores, memory, torch and Python versions."""
     import platform
@@ -683,6 +694,7 @@ def build_record(
         "load_start": attempts[0].get("load_start") if attempts else None,
         "load_end": attempts[-1].get("load_end") if attempts else None,
         "commit": attempts[-1].get("commit") if attempts else None,
+        "rollout_backend": rollout_backend(job),
         "machines": [a.get("machine") for a in attempts],  # one fingerprint per attempt (None: older records)
         "resumed": [a.get("resumed_from_iteration") for a in attempts if a.get("resumed")],
         "curve": curve,

@@ -395,6 +395,10 @@ def test_llm_setting_plays_the_llm_configs_and_validates_once_a_loop():
         assert job.overrides[-3:] == study.SETTING_OVERRIDES["llm"]
         env = json.loads(next(o for o in job.overrides if o.startswith("--data.env.kwargs=")).split("=", 1)[1])
         assert env["num_valid_seen"] == env["num_valid_unseen"] == 256 and env["num_receptacles"] == 4
+    assert study.rollout_backend(grpo) == "hf"
+    assert (
+        study.rollout_backend(study.make_job("llm", "grpo", 0, 4500, extra=("--model.rollout.backend=vllm",))) == "vllm"
+    )
     with pytest.raises(ValueError, match="has no config in setting 'llm'"):
         study.make_job("llm", "gigpo", 0, 4500)
 
