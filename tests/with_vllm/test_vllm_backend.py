@@ -310,3 +310,32 @@ def test_smollm2_constrained_choices_are_admissible(smollm2, constraint):
             assert _mismatch(model, engine, trajs, 1.0) < 1e-3
     finally:
         engine.shutdown()
+
+
+def test_the_llm_config_trains_lora_under_vllm(tmp_path):
+    """configs/llm (LoRA, constrained decoding) with ``backend: vllm``, tiny standing in for SmolLM2
+    (configs/smoke.yaml): the merged adapters reach the engine after each update."""
+    import glob
+    import subprocess
+    import sys
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    args = ["fit", "--config", os.path.join(root, "configs", "llm", "smollm2_grpo.yaml")]
+    args += ["--config", os.path.join(root, "configs", "smoke.yaml"), "--data.iterations_per_epoch", "2"]
+    args += ["--model.rollout.backend", "vllm", "--model.algorithm.recompute_old_logprobs", "true"]
+    args += ["--model.algorithm.drop_zero_advantage", "false", "--model.optim.lr", "1e-2"]
+    args += ["--trainer.default_root_dir", str(tmp_path / "runs")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "rspo_lightning.cli", *args], cwd=tmp_path, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (event_dir,) = {
+        os.path.dirname(p) for p in glob.glob(str(tmp_path / "runs" / "**" / "events.out.tfevents*"), recursive=True)
+    }
+    acc = EventAccumulator(event_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    mismatch = [e.value for e in acc.Scalars("rollout/logprob_mismatch_max")]
+    assert len(mismatch) == 2 and max(mismatch) < 1e-3, mismatch
+    assert [e.value for e in acc.Scalars("rollout/truncated_rate")] == [0.0, 0.0]
