@@ -362,3 +362,28 @@ def test_a_folder_as_ckpt_path_means_its_last_ckpt_or_lists_what_it_holds(tmp_pa
     assert err.startswith("error: ") and "without last.ckpt" in err and "iteration=3.ckpt" in err
     io.save_checkpoint(_ckpt(2), str(tmp_path / "last.ckpt"))
     assert _checkpoint_in_folder(str(tmp_path)) == str(tmp_path / "last.ckpt")
+
+
+def test_a_read_only_folder_and_a_missing_parent_are_named(tmp_path):
+    from rspo_lightning.runfiles import file_error_message
+
+    where = tmp_path / "ro"
+    where.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(where)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here ({proc.stderr.decode().strip() or proc.returncode})")
+    try:
+        with pytest.raises(
+            CheckpointError, match=r"cannot write checkpoint .*last.ckpt: read-only file system"
+        ) as info:
+            AtomicCheckpointIO().save_checkpoint(_ckpt(1), str(where / "last.ckpt"))
+        assert "--trainer.default_root_dir" in str(info.value)
+    finally:
+        subprocess.run(["umount", str(where)], check=False)
+    # a parent that vanished under the run (the error torch wraps), named by the chain's errno
+    try:
+        open(tmp_path / "gone" / "x", "wb")
+    except OSError as inner:
+        wrapped = RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos")
+        wrapped.__context__ = inner
+    assert "a folder on its way does not exist" in file_error_message(str(tmp_path / "gone" / "x"), wrapped)
