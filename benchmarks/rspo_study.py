@@ -108,13 +108,14 @@ QUICK = {
 COPY_MODEL = ("--model.policy.tiny.copy_init=true", "--model.rollout.template=compact_last")
 # llm: the quickstart env played by SmolLM2-135M-Instruct (configs/llm/), 256 + 256 held-out tasks. Its
 # untrained start and a random policy are one shared record (benchmarks/llm_start.py), so the runs skip the
-# validation before training (40 min a split pair on one thread) and validate once a 7-iteration RSPO loop.
+# validation before training (over an hour a split pair on one thread with the hf backend) and validate once,
+# when the budget stops them (EnvStepBudget's last validation); the curve between is the start and that end.
 LLM = {**QUICK, "num_valid_seen": 256, "num_valid_unseen": 256}
 SETTINGS = {"hard": HARD, "quickstart": QUICK, "quickstart_copy": QUICK, "hard_copy": HARD, "llm": LLM}
 SETTING_OVERRIDES = {  # a setting's model (and validation) overrides, after the run's own
     "quickstart_copy": COPY_MODEL,
     "hard_copy": COPY_MODEL,
-    "llm": ("--trainer.num_sanity_val_steps=0", "--data.iterations_per_epoch=7", "--data.val_groups_per_batch=32"),
+    "llm": ("--trainer.num_sanity_val_steps=0", "--data.iterations_per_epoch=1000", "--data.val_groups_per_batch=64"),
 }
 # a setting's own config for each compare/ config a run names (the run's overrides stay)
 SETTING_CONFIGS = {

@@ -381,7 +381,7 @@ def test_a_study_command_parses(tmp_path):
     assert cfg["data"]["num_val_tasks"] == 128 and cfg["data"]["iterations_per_epoch"] == 3
 
 
-def test_llm_setting_plays_the_llm_configs_and_validates_once_a_loop():
+def test_llm_setting_plays_the_llm_configs_and_validates_at_the_end():
     grpo = study.make_job("llm", "grpo", 0, 4500, val_tasks=256)
     shaped = study.make_job("llm", "grpo_shaped", 1, 4500, val_tasks=256)
     rspo = study.make_job("llm", "grpo_rspo", 0, 4500, val_tasks=256)
