@@ -113,7 +113,11 @@ def test_a_run_and_its_evaluations_live_in_one_folder(tmp_path, capsys):
     )  # 2 more iterations
     assert code == 0, err[-3000:]
     run = runs / "quickstart"
-    assert sorted(os.listdir(run)) == ["checkpoints", "version_0"]  # the resumed fit logged on in its run's folder
+    assert sorted(os.listdir(run)) == [
+        ".checkpoints.lock",
+        "checkpoints",
+        "version_0",
+    ]  # the resumed fit logged on in its run's folder
     steps = _steps(run / "version_0")
     assert steps["rollout/success_rate"] == [1, 2, 3, 4] and steps["val/success_rate"] == [0, 2, 4]
     assert "hp_metric" not in steps
@@ -130,7 +134,7 @@ def test_a_run_and_its_evaluations_live_in_one_folder(tmp_path, capsys):
         code, out, err = _cli(capsys, "predict", *TINY, *root, "--ckpt_path", "last")
         assert code == 0, err[-3000:]
         assert "predict valid_seen: 2 episodes, success rate 0.000, score 0.000, written to" in out
-    assert sorted(os.listdir(run)) == ["checkpoints", "version_0"]
+    assert sorted(os.listdir(run)) == [".checkpoints.lock", "checkpoints", "version_0"]
     assert {"validate", "test", "predict", "predictions"} <= set(os.listdir(run / "version_0"))
     assert sorted(os.listdir(run / "version_0" / "predictions")) == [
         "valid_seen-iteration4-2.jsonl",

@@ -207,7 +207,7 @@ def test_sigkill_mid_epoch_then_ckpt_path_last_reproduces_the_run(tmp_path):
     assert (ckpt_dir / "last.ckpt").exists() and (ckpt_dir / "last.ckpt.sha256").exists()
     _fit(crash, "--ckpt_path", "last")  # the README's resume command
     # one TensorBoard run: the resumed fit logs on in the killed run's folder
-    assert sorted(os.listdir(crash / "runs" / "compare_grpo_rspo")) == ["checkpoints", "version_0"]
+    assert sorted(os.listdir(crash / "runs" / "compare_grpo_rspo")) == [".checkpoints.lock", "checkpoints", "version_0"]
     a = _scalars(full / "elsewhere" / "compare_grpo_rspo" / "version_0")
     b = _scalars(crash / "runs" / "compare_grpo_rspo" / "version_0")  # killed, then resumed
     keys = [k for k in a if k.startswith(("train/", "rollout", "rspo/", "val"))]
