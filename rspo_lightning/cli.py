@@ -74,7 +74,9 @@ def _hints(message: str, known: list[str]) -> list[str]:
     """ "did you mean" lines for a parser error: the closest real key for an unknown option
     (``--key`` or ``key "x"``), the closest allowed value for a value outside a ``Literal``."""
     hints = []
-    keys = re.findall(r"--([A-Za-z_][\w.]*)", message) + re.findall(r"[Kk]ey \"?'?([A-Za-z_][\w.]*)", message)
+    keys = re.findall(r"--([A-Za-z_][\w.]*)", message) + re.findall(
+        r"(?:[Kk]ey|option) \"?'?([A-Za-z_][\w.]*)", message
+    )
     for key in dict.fromkeys(keys):
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
@@ -283,6 +285,8 @@ class AgentCLI(LightningCLI):
             super()._run_subcommand(subcommand)
         except BaseException as exc:
             if not existed and (subcommand != "fit" or getattr(self.model, "iteration", 0) == start):
+                if getattr(self, "_run_lock", None) is not None:
+                    self._run_lock.release(discard=True)
                 _remove_new_folder(folder, getattr(self.trainer.logger, "save_dir", None))
             if getattr(self.model, "iteration", 0) != start:
                 exc.rspo_after_first_iteration = True  # main() shows its traceback: not a startup error

@@ -4,6 +4,7 @@ whatever exception wraps them (docs/reliability.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import glob
@@ -94,12 +95,14 @@ class RunLock:
         folder = Path(os.path.abspath(folder))
         self.path = folder.parent / f".{folder.name}.lock"
         self._fd: int | None = None
+        self.created = False  # whether acquire() made the lock file
 
     def acquire(self) -> None:
         """Take the lock, or raise ``RunLockedError`` naming the holder and the ways out."""
         if self._fd is not None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.created = not self.path.exists()
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -114,8 +117,14 @@ class RunLock:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
 
-    def release(self) -> None:
+    def release(self, discard: bool = False) -> None:
+        """Drop the lock; ``discard``: also remove the lock file if this lock created it (a fit that
+        wrote nothing leaves no folder behind). Otherwise the file stays: unlinking a lock file
+        lets two later processes lock two different files."""
         if self._fd is not None:
+            if discard and self.created:
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
             os.close(self._fd)  # closing drops the flock
             self._fd = None
 

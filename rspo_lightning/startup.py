@@ -77,7 +77,10 @@ def first_update_estimate(
     rollout = module.rollout_cfg
     env = make_env(module.env_cfg.env_id, **module.env_cfg.kwargs)
     try:  # the first task's prompt once its history window is full: the longest rows of an update
-        observation, info = env.reset(options={"split": getattr(dm, "train_split", "train"), "task_id": 0})
+        try:
+            observation, info = env.reset(options={"split": getattr(dm, "train_split", "train"), "task_id": 0})
+        except Exception:  # a faulty env (its faults are counted in training): no estimate
+            return None
         history, window = [], rollout.max_new_tokens
         for step in range(rollout.history_window + 1):
             prompt = len(build_turn_prompt(tokenizer, rollout, info, observation, history, step))
@@ -86,10 +89,12 @@ def first_update_estimate(
                 window = max(window, *(len(ids) for ids in action_response_ids(tokenizer, list(admissible))))
             if step == rollout.history_window or not admissible:
                 break
-            expert = getattr(env.unwrapped, "expert_action", None)
-            action = expert() if expert is not None else admissible[0]
-            history.append(HistoryEntry(observation, action))
-            observation, _, terminated, truncated, info = env.step(action)
+            try:  # any action fills the window; an env that cannot step here leaves the shorter prompt
+                observation_next, _, terminated, truncated, info_next = env.step(admissible[0])
+            except Exception:
+                break
+            history.append(HistoryEntry(observation, admissible[0]))
+            observation, info = observation_next, info_next
             if terminated or truncated:
                 break
         turns = rollout.max_turns or getattr(env.unwrapped, "max_steps", None) or 1

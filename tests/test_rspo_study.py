@@ -283,7 +283,15 @@ TINY = (
     "--data.iterations_per_epoch=2",
     "--trainer.max_epochs=1000",
 )
-VOLATILE = ("wall_s", "load_start", "load_end", "attempts", "commit")  # the machine's, not the run's
+VOLATILE = (
+    "wall_s",
+    "load_start",
+    "load_end",
+    "attempts",
+    "commit",
+    "machines",
+    "resumed",
+)  # the machine's, not the run's
 
 
 def _stable(record: dict) -> dict:

@@ -172,8 +172,9 @@ def test_a_run_and_its_evaluations_live_in_one_folder(tmp_path, capsys):
 
 def test_a_run_that_fails_before_its_first_iteration_leaves_no_folder(tmp_path, capsys):
     runs = tmp_path / "runs"
-    with pytest.raises(FileNotFoundError, match="is not an existing directory"):
+    with pytest.raises(SystemExit) as info:  # one error line, exit 2 (docs/reliability.md)
         main(["fit", *TINY, "--trainer.default_root_dir", str(runs), "--model.policy.source", str(tmp_path / "absent")])
+    assert info.value.code == 2 and "is not an existing directory" in capsys.readouterr().err
     assert not glob.glob(str(runs / "**" / "*"), recursive=True)
 
 
