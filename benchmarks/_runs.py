@@ -15,6 +15,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def thread_env(threads: int) -> dict:
+    """This process's environment with ``threads`` torch/BLAS threads and quiet tokenizers."""
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+
+
 def fit_job(name: str, config: str, seed: int, extra: list[str], runs: str, threads: int = 1) -> Path:
     """One ``rspo-lightning fit`` run into ``<runs>/<name>/seed<seed>``; skipped when ``done.json`` exists."""
     run_dir = Path(runs) / name / f"seed{seed}"
@@ -37,7 +42,7 @@ def fit_job(name: str, config: str, seed: int, extra: list[str], runs: str, thre
         f"--trainer.logger.init_args.version=seed{seed}",
         *extra,
     ]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    env = thread_env(threads)
     run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with open(run_dir / "stdout.log", "w") as log:

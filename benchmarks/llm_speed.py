@@ -35,7 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _runs import ROOT, thread_env
+
 ONE_ITERATION = [
     "--trainer.max_epochs=1",
     "--data.iterations_per_epoch=1",
@@ -134,7 +135,7 @@ def run_variant(name: str, out: str, seed: int, threads: int) -> dict:
         "--trainer.logger.init_args.version=0",
         *overrides,
     ]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    env = thread_env(threads)
     t0 = time.time()
     with open(Path(out) / f"{name}.log", "w") as log:
         proc = subprocess.run(

@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _runs import ROOT, thread_env
+
 CONFIG = "configs/llm/smollm2_grpo.yaml"
 SPLITS = ("valid_seen", "valid_unseen")
 
@@ -98,7 +99,7 @@ def policy(config: str, tasks: int, seed: int, threads: int, out: str) -> dict:
         f"--trainer.logger.init_args.save_dir={out}",
         "--trainer.logger.init_args.name=start",
     ]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    env = thread_env(threads)
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -374,13 +374,7 @@ def _checkpoint_in_folder(folder: str) -> str:
     last = os.path.join(folder, "last.ckpt")
     if os.path.isfile(last):
         return last
-    held = sorted(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(folder), "*.ckpt")))
-    _refuse(
-        CheckpointError(
-            f"--ckpt_path {folder} is a folder without last.ckpt; "
-            + (f"pass one of its checkpoints: {', '.join(held)}" if held else "it holds no checkpoint (*.ckpt)")
-        )
-    )
+    _refuse(CheckpointError(f"--ckpt_path {folder} is a folder without last.ckpt; {other_checkpoints(last)}"))
 
 
 def _refuse(exc: Exception) -> None:
@@ -472,8 +466,8 @@ USER_ERRORS = (
 
 def user_error_message(exc: BaseException) -> str | None:
     """The one-line message of a user's error, or None when ``exc`` is not one (a bug, or an
-    error after training started): the first of its chain whose type is a user error and whose
-    message names something (a wrapper's own text is kept in front when it adds the context)."""
+    error after training started): the message of the first exception of its chain whose type
+    is a user error."""
     if getattr(exc, "rspo_after_first_iteration", False) and not isinstance(exc, (CheckpointError, RunLockedError)):
         return None  # a checkpoint that cannot be written (full disk, read-only folder) is named at any time
     chain, seen = [], set()
