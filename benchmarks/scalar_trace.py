@@ -46,9 +46,16 @@ def differences(a: dict, b: dict) -> list[str]:
     return out
 
 
-def run(config: str, extra: list[str]) -> dict:
+def run(configs: list[str], extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "rspo_lightning.cli", "fit", "--config", config, *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "rspo_lightning.cli",
+            "fit",
+            *(a for c in configs for a in ("--config", c)),
+            *extra,
+        ]
         cmd += [f"--trainer.logger.init_args.save_dir={tmp}", "--trainer.enable_checkpointing=false"]
         subprocess.run(cmd, cwd=ROOT, env=thread_env(1), check=True, stdout=subprocess.DEVNULL)
         return trace(Path(tmp))
@@ -58,7 +65,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
-    r.add_argument("--config", required=True)
+    r.add_argument("--config", action="append", required=True, help="repeatable, as the CLI's")
     r.add_argument("--out", required=True)
     r.add_argument("extra", nargs="*", help="CLI overrides after --")
     d = sub.add_parser("diff")
