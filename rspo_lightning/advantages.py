@@ -28,7 +28,6 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
-import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -514,7 +513,6 @@ def a2tgpo_advantages(
     beta: float = 1.0,
     turn_group_size: int | None = None,
     norm: str = "std",
-    clip_mode: str | None = None,
 ) -> AdvantageResult:
     """A²TGPO (Chen et al., arXiv 2605.06200): turn-group-normalised signals, adaptive clipping.
 
@@ -526,17 +524,8 @@ def a2tgpo_advantages(
     ``adaptive_clip``: ``"signal"`` (paper) clamp(1 + kappa ghat_t, 1 - delta, 1 + delta); ``"inverse_advantage"``
     (the seed's description) 1 / (1 + beta |A_t|). Deviation: the paper's signal is information
     gain; here it is whatever per-turn signal the caller passes (the turn's dense reward in this
-    package). ``clip_mode`` is ``adaptive_clip``'s old name (it meant another thing than
-    ``algorithm.clip_mode``): still accepted, with a deprecation warning.
+    package). (``adaptive_clip``'s old config key ``clip_mode`` is renamed by ``AlgorithmConfig``.)
     """
-    if clip_mode is not None:
-        warnings.warn(
-            "a2tgpo's estimator_kwargs.clip_mode is now adaptive_clip (algorithm.clip_mode is the generalised "
-            f"clip's bounds); using adaptive_clip={clip_mode!r}",
-            FutureWarning,
-            stacklevel=2,
-        )
-        adaptive_clip = clip_mode
     choices.check("norm", norm, choices.Norm)
     choices.check("adaptive_clip", adaptive_clip, choices.AdaptiveClip)
     _check_unit_interval("gamma", gamma)
@@ -577,7 +566,8 @@ def a2tgpo_advantages(
 # Registry: each estimator's declared contract
 # ----------------------------------------------------------------------------------------------
 
-#: Old keyword -> new keyword of an estimator; the old one is still accepted, with a FutureWarning.
+#: Old keyword -> new keyword of an estimator; ``AlgorithmConfig`` renames the old one (a FutureWarning;
+#: silently in a config unpickled from an old checkpoint).
 RENAMED_KWARGS = {"clip_mode": "adaptive_clip"}  # A²TGPO's: algorithm.clip_mode is another thing
 #: Per-turn inputs an estimator may declare, beyond rewards and the three indices.
 INPUTS = ("anchors", "success", "values", "signals")
@@ -657,7 +647,7 @@ def check_estimator_kwargs(name: str, kwargs: Mapping[str, Any]) -> None:
         if key in accepted:
             continue
         if key in RENAMED_KWARGS and RENAMED_KWARGS[key] in accepted:
-            continue  # the old name: renamed (with a warning) by AlgorithmConfig, or by the estimator itself
+            continue  # the old name: renamed (with a warning) by AlgorithmConfig
         if key in LAYOUT_ARGS or key in est.inputs:
             raise ValueError(
                 f"algorithm.estimator_kwargs: key {key!r} for {name} is supplied by the module from the "

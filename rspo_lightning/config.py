@@ -218,18 +218,7 @@ class AlgorithmConfig:
         self.swap = _as_dataclass(self.swap, SwapConfig, "algorithm.swap")
         choices.check("algorithm.estimator", self.estimator, choices.Estimator)
         check_estimator_kwargs(self.estimator, self.estimator_kwargs)
-        for old, new in RENAMED_KWARGS.items():
-            if old in self.estimator_kwargs and new in ESTIMATORS[self.estimator].tunables:
-                warnings.warn(
-                    f"algorithm.estimator_kwargs.{old} of {self.estimator} is renamed {new}: set "
-                    f"{new}: {self.estimator_kwargs[old]!r} (the old key still works)",
-                    FutureWarning,
-                    stacklevel=2,
-                )
-                self.estimator_kwargs = {
-                    **{k: v for k, v in self.estimator_kwargs.items() if k != old},
-                    new: self.estimator_kwargs[old],
-                }
+        self._rename_kwargs(warn=True)
         choices.check(
             "algorithm.penalty_at",
             self.penalty_at,
@@ -261,6 +250,27 @@ class AlgorithmConfig:
             raise ValueError(f"algorithm.clip_max_centre must be > 0 or null (uncapped), got {self.clip_max_centre}")
         if self.clip_eps_low < 0 or self.clip_eps_high < 0:
             raise ValueError(f"algorithm.clip_eps_low/high must be >= 0, got {self.clip_eps_low}, {self.clip_eps_high}")
+
+    def _rename_kwargs(self, warn: bool) -> None:
+        """An estimator keyword's old name (``advantages.RENAMED_KWARGS``) under its new one: the one place
+        a rename is handled (a FutureWarning from a config; silently for an old checkpoint's pickled config)."""
+        for old, new in RENAMED_KWARGS.items():
+            if old in self.estimator_kwargs and new in ESTIMATORS[self.estimator].tunables:
+                if warn:
+                    warnings.warn(
+                        f"algorithm.estimator_kwargs.{old} of {self.estimator} is renamed {new}: set "
+                        f"{new}: {self.estimator_kwargs[old]!r} (the old key still works)",
+                        FutureWarning,
+                        stacklevel=3,
+                    )
+                self.estimator_kwargs = {
+                    **{k: v for k, v in self.estimator_kwargs.items() if k != old},
+                    new: self.estimator_kwargs[old],
+                }
+
+    def __setstate__(self, state: dict) -> None:  # unpickled from a checkpoint: no __post_init__
+        self.__dict__.update(state)
+        self._rename_kwargs(warn=False)
 
 
 @checkpoint_safe

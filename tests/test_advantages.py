@@ -653,14 +653,12 @@ def test_turn_return_advantages_by_hand():
     assert flat_group.advantages.tolist() == [0.0] * 4
 
 
-def test_a2tgpo_clip_mode_is_renamed_adaptive_clip_and_the_old_key_still_works():
+def test_a2tgpo_clip_mode_is_renamed_adaptive_clip_by_the_config_only():
     from rspo_lightning.config import AlgorithmConfig
 
-    r, ti, gi, tu = (torch.tensor(v) for v in ([1.0, 0.0], [0, 1], [0, 0], [0, 0]))
-    new = a2tgpo_advantages(r, ti, gi, tu, signals=r, adaptive_clip="inverse_advantage")
-    with pytest.warns(FutureWarning, match="clip_mode is now adaptive_clip"):
-        old = a2tgpo_advantages(r, ti, gi, tu, signals=r, clip_mode="inverse_advantage")
-    assert torch.equal(old.clip_scale, new.clip_scale)
     with pytest.warns(FutureWarning, match="estimator_kwargs.clip_mode of a2tgpo is renamed adaptive_clip"):
         cfg = AlgorithmConfig(estimator="a2tgpo", estimator_kwargs={"clip_mode": "signal", "kappa": 0.5})
     assert cfg.estimator_kwargs == {"kappa": 0.5, "adaptive_clip": "signal"}
+    r, ti, gi, tu = (torch.tensor(v) for v in ([1.0, 0.0], [0, 1], [0, 0], [0, 0]))
+    with pytest.raises(TypeError, match="clip_mode"):  # the estimator itself takes the new name only
+        a2tgpo_advantages(r, ti, gi, tu, signals=r, clip_mode="inverse_advantage")
