@@ -15,7 +15,7 @@ def freeze_startup_heap() -> None:
     """Leave the heap built so far (torch, transformers, the models, the envs: ~440k objects with
     the tiny model) out of every later garbage collection: a full collection then scans only what
     the run allocates, instead of pausing a rollout ~0.35 s every few iterations
-    (docs/benchmarks.md). ``AgentRLModule.setup`` calls it, ``teardown`` gives the heap back.
+    (docs/history/issue06_overheads.md). ``AgentRLModule.setup`` calls it, ``teardown`` gives the heap back.
 
     A heap this function froze for a run that crashed (Lightning runs no ``teardown`` hook after
     an exception) is given back first; a process that froze objects itself is left as it is.

@@ -49,3 +49,28 @@ def test_a_checkpoint_written_before_the_renames_loads_and_validates_agent_a(tmp
     params = dict(module.named_parameters())
     assert all(torch.equal(params[k], v) for k, v in snapshot["params"].items())  # agent A, not the B it was saved with
     assert "val/success_rate" in trainer.callback_metrics
+
+
+def test_an_rspo_checkpoint_written_before_d_moved_resumes_and_continues_exactly(tmp_path):
+    """A checkpoint written mid-loop (D filled, A exploiting) by the code before issue 45, when D
+    was RSPOLoop's state, resumes with today's code: D reaches the loop's buffer and the run
+    continues to the parameters the old code reached without a break (the fixture's JSON)."""
+    import importlib.util
+    import json
+    import shutil
+
+    path = os.path.join(os.path.dirname(FIXTURE), "make_before_issue45.py")
+    spec = importlib.util.spec_from_file_location("make_before_issue45", path)
+    maker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(maker)
+    with open(maker.NAME + ".json") as f:
+        expected = json.load(f)
+    ckpt = shutil.copy(maker.NAME + ".ckpt", tmp_path / "mid_loop.ckpt")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the fixture was written
+    try:
+        module, loop, _ = maker.fit(2, ckpt=str(ckpt))
+    finally:
+        torch.set_num_threads(threads)
+    assert loop.counts == expected["counts"]
+    assert torch.allclose(torch.tensor(maker.sums(module)), torch.tensor(expected["param_sums_after_8"]), atol=1e-6)
