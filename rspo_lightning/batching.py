@@ -50,7 +50,8 @@ def turn_reward(outcome: float, dense: float, reward_mode: str, dense_scale: flo
 def flatten(trajectories: Sequence[Trajectory], reward_mode: str = "outcome", dense_scale: float = 1.0) -> FlatTurns:
     """Flatten trajectories into per-turn tensors; ``reward_mode`` picks the reward each turn
     carries: ``outcome``, ``dense`` (``dense_scale`` x the dense reward alone) or ``outcome+dense``.
-    Replayed trajectories always carry the outcome reward (RSPO's reward swap)."""
+    Replayed trajectories carry the outcome reward alone, whatever the mode, and a dense reward of
+    0: RSPO's reward swap, the one place it happens."""
     choices.check("reward_mode", reward_mode, choices.RewardMode)
     turns, rewards, traj_idx, group_idx, turn_idx, success, invalid, replay, anchors, dense = ([] for _ in range(10))
     group_ids: dict[tuple, int] = {}
@@ -61,8 +62,13 @@ def flatten(trajectories: Sequence[Trajectory], reward_mode: str = "outcome", de
         g = group_ids.setdefault(key, len(group_ids))
         for t, turn in enumerate(traj.turns):
             turns.append(turn)
-            mode = "outcome" if traj.source == "replay" else reward_mode
-            r = turn_reward(turn.outcome_reward, turn.dense_reward, mode, dense_scale)
+            replayed = traj.source == "replay"  # RSPO's reward swap, the one place it happens: outcome alone
+            r = turn_reward(
+                turn.outcome_reward,
+                0.0 if replayed else turn.dense_reward,
+                "outcome" if replayed else reward_mode,
+                dense_scale,
+            )
             rewards.append(r)
             traj_idx.append(i)
             group_idx.append(g)
@@ -71,7 +77,7 @@ def flatten(trajectories: Sequence[Trajectory], reward_mode: str = "outcome", de
             invalid.append(not turn.valid)
             replay.append(traj.source == "replay")
             anchors.append(turn.anchor)
-            dense.append(turn.dense_reward)
+            dense.append(0.0 if replayed else turn.dense_reward)
     return FlatTurns(
         turns=turns,
         rewards=torch.tensor(rewards, dtype=torch.float32),

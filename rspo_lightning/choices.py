@@ -34,7 +34,7 @@ VllmConstraint = Literal["trie", "choice"]
 # -- the reward a turn carries (batching.flatten, data.reward_mode) -----------------------------
 RewardMode = Literal["outcome", "dense", "outcome+dense"]
 
-# -- RSPO (callbacks/rspo.py, replay.py) --------------------------------------------------------
+# -- RSPO (rspo/loop.py, rspo/buffer.py) --------------------------------------------------------
 ExplorerReward = Literal["dense", "outcome+dense", "outcome"]  # B's reward_mode ("outcome": RSPO_O)
 ReplayFrom = Literal["explorer", "history", "both"]
 BufferFrom = Literal["collect", "explore+collect"]

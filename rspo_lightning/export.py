@@ -171,7 +171,7 @@ def agent_a_module(ckpt_path: str, config: str | None = None):
     """``AgentRLModule`` built from the checkpoint with agent A's weights, the checkpoint, and
     whether A's weights were taken from an RSPO snapshot (the checkpoint was written in B's
     phase). A file is memory-mapped; a folder's shards are read into the module's own tensors."""
-    from rspo_lightning.snapshot import agent_a_into_checkpoint
+    from rspo_lightning.rspo.snapshot import agent_a_into_checkpoint
 
     path = Path(ckpt_path)
     checkpoint = _read_meta(path) if path.is_dir() else read_checkpoint(path)

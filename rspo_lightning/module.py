@@ -19,7 +19,6 @@ from lightning.pytorch.strategies import FSDPStrategy
 
 from rspo_lightning import advantages as adv
 from rspo_lightning import credit, logprobs, metrics, partner_loss, update
-from rspo_lightning import snapshot as agent_snapshot
 from rspo_lightning.batching import FlatTurns, drop_faulty, flatten, make_train_batch
 from rspo_lightning.build import build_models, build_optimizers, reference_model, shard_models
 from rspo_lightning.checkpointing import AtomicCheckpointIO, load_counters, save_counters
@@ -30,9 +29,11 @@ from rspo_lightning.envs import make_env
 from rspo_lightning.evaluation import HeldOutEpisodes
 from rspo_lightning.rewards import DenseReward, assign_dense_rewards
 from rspo_lightning.rollout import RolloutConfig
+from rspo_lightning.rspo import snapshot as agent_snapshot
+from rspo_lightning.rspo.diagnostics import iteration_alpha, replay_diagnostics, replay_distance
 from rspo_lightning.runtime import freeze_startup_heap, seed_rollout, unfreeze_startup_heap
 from rspo_lightning.startup import DENSE_HINT, check_run
-from rspo_lightning.types import IterationBatch, TrainBatch, Trajectory
+from rspo_lightning.types import IterationBatch, IterationPlan, TrainBatch, Trajectory
 
 
 class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
@@ -195,47 +196,52 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
     def training_step(self, batch: IterationBatch, batch_idx: int) -> None:
         # Every decision that changes the number of collective steps is taken on all-rank counts,
         # and a rank with nothing of its own still takes part (docs/distributed.md).
-        if self._all_ranks(len(batch.tasks) + len(batch.played or ()) + len(batch.replay)) == 0:  # RSPO's collect
-            return self._log_iteration()
+        plan = batch.plan
+        if not plan.updates or self._all_ranks(len(batch.tasks) + len(batch.played or ()) + len(batch.replay)) == 0:
+            return self._log_iteration()  # RSPO's collect: B played in RSPOLoop's hook
         watch, tokens = metrics.Stopwatch(), self.engine.stats["generated_tokens"]
-        self._temperature = batch.temperature  # and scores at it
+        self._temperature = plan.temperature  # the rollouts' temperature, and the scores'
         with watch("rollout"):
-            dense = batch.reward_mode != "outcome" or self.estimator.needs_dense
-            # RSPO's explorer may sample at its own temperature (a module override's collect may lack the argument)
-            own = {} if batch.temperature is None else {"temperature": batch.temperature}
-            if batch.played is not None:  # episodes already played (RSPO's B on A's last ones): rescored only
-                self.last_trajectories = self.rescore(batch.played, dense)
+            if batch.played is not None:  # episodes already played, with their rewards: no environment step
+                self.last_trajectories = list(batch.played)
             else:
+                dense = plan.reward_mode != "outcome" or self.estimator.needs_dense
+                own = {} if plan.temperature is None else {"temperature": plan.temperature}
                 self.last_trajectories = self.collect(
-                    batch.tasks, batch.group_size, batch.policy_tag, dense=dense, **own
+                    batch.tasks, batch.group_size, plan.policy_tag, dense=dense, **own
                 )
         played = self.last_trajectories + [t for group in batch.replay for t in group]
         if self._all_ranks(len(played)) == 0:  # every episode lost to environment faults
             return self._log_iteration()
         with watch("update"):
-            flat = flatten(played, batch.reward_mode, batch.dense_scale)
-            train = self._train_batch(flat)
-            with watch("advantage"):
-                result, raw = credit.turn_advantages(
-                    flat, self.algo, train.old_values, credit=batch.credit, gamma=batch.credit_gamma
-                )
-            train = self._with_advantages(train, result)
-            den = update.denominators(train, self.algo.loss_agg, self.device)  # J's means count every row
-            alpha = update.iteration_alpha(batch.replay_weight, train, self.algo.loss_agg, self.device)
-            probe, train = train, self._trained_rows(train)
-            stats = {"samples": float(len(train))}
-            stats.update(update.replay_diagnostics(train, den, alpha, self.algo.loss_agg))
-            if batch.replay and alpha is not None:
-                stats["rspo/alpha"] = alpha  # the α of this iteration's J (offline_weighting: signal sets it)
-            if self._all_ranks(len(train)) > 0:
-                train, mismatch = self.score(train)
-                stats.update(update.replay_distance(train))  # after scoring: old log-probs are A's
-                stats.update(self._update(train, alpha, den), **mismatch)
-            else:  # nothing trains (every advantage 0): the rollout diagnostic over rows played
-                stats.update(self._probe_mismatch(probe))
+            flat, train, result, raw, stats = self._learn(played, plan, watch, has_replay=bool(batch.replay))
         self.iteration += 1
         tokens = self.engine.stats["generated_tokens"] - tokens
         self._log_iteration(metrics.Iteration(batch, flat, train, result, raw, stats, watch.seconds, tokens))
+
+    def _learn(self, played: list[Trajectory], plan: IterationPlan, watch: metrics.Stopwatch, has_replay: bool):
+        """Flatten, credit, score and update on the iteration's episodes (on-policy then replayed)."""
+        flat = flatten(played, plan.reward_mode, plan.dense_scale)
+        train = self._train_batch(flat)
+        with watch("advantage"):
+            result, raw = credit.turn_advantages(
+                flat, self.algo, train.old_values, credit=plan.credit, gamma=plan.credit_gamma
+            )
+        train = self._with_advantages(train, result)
+        den = update.denominators(train, self.algo.loss_agg, self.device)  # J's means count every row
+        alpha = iteration_alpha(plan.replay_weight, train, self.algo.loss_agg, self.device)
+        probe, train = train, self._trained_rows(train)
+        stats = {"samples": float(len(train))}
+        stats.update(replay_diagnostics(train, den, alpha, self.algo.loss_agg))
+        if has_replay and alpha is not None:
+            stats["rspo/alpha"] = alpha  # the α of this iteration's J (offline_weighting: signal sets it)
+        if self._all_ranks(len(train)) > 0:
+            train, mismatch = self.score(train)
+            stats.update(replay_distance(train))  # after scoring: old log-probs are A's
+            stats.update(self._update(train, alpha, den), **mismatch)
+        else:  # nothing trains (every advantage 0): the rollout diagnostic over rows played
+            stats.update(self._probe_mismatch(probe))
+        return flat, train, result, raw, stats
 
     def collect(
         self,
@@ -262,18 +268,6 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
             self._assign_dense(trajectories)
         self.env_steps += int(self._all_ranks(sum(len(t.turns) for t in trajectories)))
         return trajectories
-
-    def rescore(self, trajectories: list[Trajectory], dense: bool) -> list[Trajectory]:
-        """Copies of ``trajectories`` (their turns too, tensors shared) with the dense source's
-        rewards when ``dense`` (else 0): episodes played earlier, trained on again under another
-        reward. No environment step is taken."""
-        copies = [
-            dataclasses.replace(t, turns=[dataclasses.replace(turn, dense_reward=0.0) for turn in t.turns])
-            for t in trajectories
-        ]
-        if dense:
-            self._assign_dense(copies)
-        return copies
 
     def _assign_dense(self, trajectories: list[Trajectory]) -> None:
         if self.dense_reward is None:
@@ -457,7 +451,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         if it is None:
             self.iteration += 1
         else:
-            played, prefix = self.last_trajectories, "rollout" if it.batch.policy_tag == "A" else "rollout_b"
+            played, prefix = self.last_trajectories, "rollout" if it.batch.plan.policy_tag == "A" else "rollout_b"
             won = merge_over_ranks({"won": [sum(t.success for t in played), len(played)]})["won"]  # on every rank
             if played and it.batch.played is None:  # over all ranks (the rest: this rank's); not re-used episodes
                 self.log_dict(
@@ -466,7 +460,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
                     batch_size=len(played),
                 )
                 if (
-                    it.batch.policy_tag == "A"
+                    it.batch.plan.policy_tag == "A"
                 ):  # the progress bar: agent A's training success (RSPO's B logs rollout_b/*)
                     self.log("success_A", won[0] / max(won[1], 1.0), prog_bar=True, on_step=True, logger=False)
             values = metrics.iteration_metrics(it, self.algo.ppo_epochs)

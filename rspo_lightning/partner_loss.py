@@ -1,5 +1,5 @@
 """The swap-partner auxiliary loss (``algorithm.swap``; off by default): each sample also learns
-from a partner sample's advantage. Not RSPO's reward swap (``callbacks/rspo.py``), which swaps the
+from a partner sample's advantage. Not RSPO's reward swap (``rspo/loop.py``), which swaps the
 *reward* agent B trained on for the outcome reward; this is the seed article's other reading of
 "reward swap", kept as an optional regulariser."""
 
@@ -110,7 +110,7 @@ def partner_loss(
     """Swap-partner auxiliary loss: sample j's tokens trained with a similar sample i's advantage.
 
     The seed article's reading of "reward swap" (docs/design.md §8; not the RSPO paper's replay of an
-    explorer's relabelled trajectories, which is ``callbacks/rspo.py``). For each sample i, with
+    explorer's relabelled trajectories, which is ``rspo/loop.py``). For each sample i, with
     probability ``p_swap`` it participates, and its partners S(i) are:
 
     - ``knn``: the ``num_partners`` others with the highest cosine similarity of ``embeddings``

@@ -12,9 +12,10 @@ from typing import Literal
 
 import torch
 
+from rspo_lightning.choices import ExplorerCredit, OfflineWeighting, RewardMode
+
 Source = Literal["on_policy", "replay"]
 PolicyTag = Literal["A", "B"]
-RewardMode = Literal["outcome", "dense", "outcome+dense"]
 
 
 @dataclass(frozen=True)
@@ -123,32 +124,81 @@ class Trajectory:
         return sum(not t.valid for t in self.turns)
 
 
+@dataclass(frozen=True)
+class ReplayWeight:
+    """How J weighs an iteration's replayed rows against its on-policy rows (docs/algorithms.md).
+
+    Args:
+        rule: ``alpha``: J = (1 − α) J_on + α J_off, each part the mean over the iteration's rows
+            of its kind (the paper's J); ``tokens``: one pooled mean over all rows (each part
+            weighs its share); ``signal``: the ``alpha`` rule with α = the replayed rows' share of
+            the iteration's signal-carrying size, recomputed every iteration
+            (``rspo.diagnostics.iteration_alpha``).
+        alpha: α of the ``alpha`` rule.
+    """
+
+    rule: OfflineWeighting = "tokens"
+    alpha: float = 0.0
+
+
+Phase = Literal["train", "explore", "collect", "exploit"]
+
+
+@dataclass(frozen=True)
+class IterationPlan:
+    """What one RL iteration does, decided before it starts and read, never changed, by the
+    module (RSPOLoop makes one per iteration; without it, the data module's reward settings).
+
+    Args:
+        phase: ``train`` (no RSPO), or RSPO's ``explore`` (B trains), ``collect`` (B plays into
+            the replay buffer; the module updates nothing) or ``exploit`` (A trains on fresh and
+            replayed groups).
+        policy_tag: which agent the current weights are (``A`` outcome learner, ``B`` RSPO's
+            explorer); recorded in the trajectories played.
+        reward_mode: the reward on-policy turns carry for the advantage: ``outcome``, ``dense``
+            (``dense_scale`` x the dense reward alone) or ``outcome+dense``; replayed turns always
+            carry the outcome reward alone (``batching.flatten``: the reward swap).
+        dense_scale: multiplier of the dense reward.
+        temperature: sampling (and scoring) temperature of the rollouts; None = the rollout's.
+        replay_weight: how J weighs the replayed rows.
+        credit: ``trajectory`` (the module's estimator) or ``turn`` (each turn's discounted
+            return-to-go normalised over its group, discount ``credit_gamma``).
+        credit_gamma: discount of ``credit: turn``.
+        replay_share: the share of the iteration's groups (over all ranks) drawn from the replay
+            buffer in place of on-policy groups (RSPO's α in ``exploit``; 0: none).
+        episodes: episodes already played that the iteration trains on in place of playing its
+            tasks (they keep their rewards and cost no environment step); None: play the tasks.
+    """
+
+    phase: Phase = "train"
+    policy_tag: PolicyTag = "A"
+    reward_mode: RewardMode = "outcome"
+    dense_scale: float = 1.0
+    temperature: float | None = None
+    replay_weight: ReplayWeight = ReplayWeight()
+    credit: ExplorerCredit = "trajectory"
+    credit_gamma: float = 0.9
+    replay_share: float = 0.0
+    episodes: tuple[Trajectory, ...] | None = None
+
+    @property
+    def updates(self) -> bool:
+        """Whether the iteration trains (every phase but ``collect``)."""
+        return self.phase != "collect"
+
+
 class IterationBatch:
-    """What the data module yields for one RL iteration (rollouts happen in the module).
+    """What the data module yields for one RL iteration (rollouts happen in the module): made
+    once, never changed (``replace`` makes a changed copy).
 
     Args:
         tasks: this rank's task specs, one per group (the engine plays each ``group_size`` times).
         group_size: episodes played per task spec (G).
-        replay: trajectory groups sampled from a replay buffer (each inner list is one group).
-        reward_mode: which reward the on-policy turns carry for the advantage: ``"outcome"``,
-            ``"dense"`` (the dense reward alone) or ``"outcome+dense"``; replay rows always carry
-            the outcome reward.
-        policy_tag: which agent the current weights are (``"A"`` outcome learner, ``"B"`` RSPO's
-            dense explorer); recorded in the trajectories played.
-        dense_scale: multiplier of the dense reward in ``dense`` / ``outcome+dense`` modes.
-        replay_weight: α of J = (1 − α) J_on + α J_off: the on-policy and the replay rows of the
-            iteration are normalised separately and combined with these weights; None pools all
-            rows under one normaliser (each part then weighs its token share); ``"signal"``: α is
-            resolved per iteration from the rows that carry signal (``update.iteration_alpha``).
-        temperature: sampling (and scoring) temperature of this iteration's rollouts; None = the
-            module's ``rollout.temperature`` (RSPO's explorer may set its own).
-        credit: ``trajectory`` (the module's estimator) or ``turn`` (each turn's discounted
-            return-to-go, normalised over its group: ``advantages.turn_return_advantages``, with
-            discount ``credit_gamma``); RSPO's explorer may set it.
+        replay: trajectory groups sampled from the replay buffer (each inner list is one group).
+        plan: what the iteration does (phase, agent, reward, temperature, replay weight).
         played: episodes already played that the iteration trains on in place of playing
-            ``tasks`` (RSPO's ``reuse_a_episodes``: B's first update on A's last exploit
-            episodes); they cost no environment steps and are not logged as this iteration's
-            rollouts. None: play ``tasks``.
+            ``tasks`` (they cost no environment step and are not logged as its rollouts); None:
+            play ``tasks``.
 
     Deliberately not a dataclass (nor a list or dict): Lightning's ``16-true``/``bf16-true``
     precision plugins rebuild such batches with every float tensor cast to half precision,
@@ -156,42 +206,33 @@ class IterationBatch:
     the frozen ``TaskSpec``). An object of this class passes through them untouched.
     """
 
+    __slots__ = ("tasks", "group_size", "replay", "plan", "played")
+
     def __init__(
         self,
         tasks: list[TaskSpec],
         group_size: int = 1,
         replay: list[list[Trajectory]] | None = None,
-        reward_mode: RewardMode = "outcome",
-        policy_tag: PolicyTag = "A",
-        dense_scale: float = 1.0,
-        replay_weight: float | str | None = None,
-        temperature: float | None = None,
-        credit: str = "trajectory",
-        credit_gamma: float = 0.9,
+        plan: IterationPlan = IterationPlan(),
         played: list[Trajectory] | None = None,
     ):
-        self.tasks = tasks
-        self.group_size = group_size
-        self.replay: list[list[Trajectory]] = [] if replay is None else replay
-        self.reward_mode: RewardMode = reward_mode
-        self.policy_tag: PolicyTag = policy_tag
-        self.dense_scale = dense_scale
-        self.replay_weight = replay_weight
-        self.temperature = temperature
-        self.credit = credit
-        self.credit_gamma = credit_gamma
-        self.played = played
+        for name, value in zip(self.__slots__, (list(tasks), group_size, list(replay or ()), plan, played)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(f"IterationBatch is immutable: batch.replace({name}=...) makes a changed copy")
+
+    def replace(self, **changes) -> IterationBatch:
+        return IterationBatch(**{**{k: getattr(self, k) for k in self.__slots__}, **changes})
 
     def __repr__(self) -> str:
         return (
-            f"IterationBatch(tasks={self.tasks!r}, group_size={self.group_size}, replay=<{len(self.replay)} groups>, "
-            f"reward_mode={self.reward_mode!r}, policy_tag={self.policy_tag!r}, dense_scale={self.dense_scale}, "
-            f"replay_weight={self.replay_weight}, temperature={self.temperature}, credit={self.credit!r}, "
-            f"played={'None' if self.played is None else f'<{len(self.played)} episodes>'})"
+            f"IterationBatch(tasks={list(self.tasks)!r}, group_size={self.group_size}, replay=<{len(self.replay)} "
+            f"groups>, plan={self.plan!r}, played={'None' if self.played is None else f'<{len(self.played)} episodes>'})"
         )
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, IterationBatch) and vars(self) == vars(other)
+        return isinstance(other, IterationBatch) and all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
 
 
 @dataclass

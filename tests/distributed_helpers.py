@@ -9,7 +9,7 @@ import os
 import torch
 from lightning.pytorch import Callback
 
-from rspo_lightning.callbacks.rspo import RSPOLoop
+from rspo_lightning.rspo.loop import RSPOLoop
 from rspo_lightning.module import AgentRLModule
 
 

@@ -28,7 +28,7 @@ def test_a_bad_choice_fails_the_parse_listing_the_choices(capsys):
 def test_python_callers_get_the_same_choices():
     from rspo_lightning.callbacks import RSPOLoop
     from rspo_lightning.config import AlgorithmConfig
-    from rspo_lightning.replay import ReplayBuffer
+    from rspo_lightning.rspo.buffer import ReplayBuffer
 
     with pytest.raises(ValueError, match=r"algorithm.loss_agg must be one of \['token-mean', .*\], got 'token_mean'"):
         AlgorithmConfig(loss_agg="token_mean")

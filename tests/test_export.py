@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from rspo_lightning.callbacks.rspo import RSPOLoop
+from rspo_lightning.rspo.loop import RSPOLoop
 from rspo_lightning.checkpointing import CheckpointError, IterationCheckpoint
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, LoraSettings, OptimConfig, PolicyConfig
 from rspo_lightning.datamodules import AgentDataModule

@@ -392,7 +392,7 @@ class _CalibratedPRM:
 
 def test_dense_only_prm_reward_a_long_valid_failure_cannot_out_earn_a_short_win(policy_dir):
     from rspo_lightning.callbacks import RSPOLoop
-    from rspo_lightning.callbacks.rspo import check_length_neutral
+    from rspo_lightning.rspo.loop import check_length_neutral
 
     win = traj([turn([5], [7], valid=True) for _ in range(8)])
     win.success = True

@@ -5,7 +5,7 @@ import io
 import pytest
 import torch
 
-from rspo_lightning.replay import ReplayBuffer
+from rspo_lightning.rspo.buffer import ReplayBuffer
 from rspo_lightning.types import TaskSpec, Trajectory, Turn
 
 

@@ -9,7 +9,6 @@ import torch
 
 from rspo_lightning import update
 from rspo_lightning.batching import flatten
-from rspo_lightning.callbacks.rspo import RSPOLoop, repeat_visit_rate, replay_groups_per_rank
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.credit import turn_advantages
 from rspo_lightning.datamodules import AgentDataModule
@@ -17,6 +16,8 @@ from rspo_lightning.language_model import TinyModelConfig
 from rspo_lightning.module import AgentRLModule
 from rspo_lightning.rewards import EnvProgressReward, NoveltyBonus
 from rspo_lightning.rollout import RolloutConfig
+from rspo_lightning.rspo.buffer import replay_groups_per_rank
+from rspo_lightning.rspo.loop import RSPOLoop, repeat_visit_rate
 from rspo_lightning.types import IterationBatch, TaskSpec, Trajectory, Turn
 
 ENV = EnvConfig(
@@ -92,10 +93,12 @@ class Recorder(pl.Callback):
         # runs after RSPOLoop's hook (callbacks run in list order)
         self.rows.append(
             {
-                "tag": batch.policy_tag,
-                "mode": batch.reward_mode,
+                "phase": batch.plan.phase,
+                "tag": batch.plan.policy_tag,
+                "mode": batch.plan.reward_mode,
                 "tasks": len(batch.tasks),
                 "replay": len(batch.replay),
+                "played": batch.played is not None,
                 "params_before": _params(pl_module),
             }
         )
@@ -142,7 +145,8 @@ def test_phase_schedule_and_bitwise_restore_of_agent_a():
     assert [r["mode"] for r in rec.rows][:5] == ["dense", "dense", "outcome", "outcome", "outcome"]
     # B trained during explore (weights moved), the collect iteration trained nothing
     assert not _equal(rec.rows[0]["params_before"], rec.rows[1]["params_after"])
-    assert rec.rows[2]["tasks"] == 0 and rec.rows[2]["replay"] == 0
+    assert rec.rows[2]["phase"] == "collect" and rec.rows[2]["replay"] == 0  # B plays the tasks; no update
+    assert _equal(rec.rows[2]["params_after"], rec.rows[0]["params_before"])  # ... and A is back
     # after B's phase, A's parameters and optimizer state are bitwise those from before it
     assert _equal(rec.rows[0]["params_before"], rec.rows[3]["params_before"])
     assert _equal(rec.rows[5]["params_before"], rec.rows[8]["params_before"])
@@ -175,10 +179,13 @@ def test_reward_swap_keeps_outcome_rewards_and_b_behaviour_logprobs():
     stored = [t for g in loop.buffer.groups for t in g]
     assert len(stored) == len(collected) == 8
     assert any(turn.dense_reward != 0 for t in collected for turn in t.turns), "vacuous: no dense reward to swap"
+    # whatever the reward mode, a replayed turn trains on its outcome reward alone (batching.flatten)
+    for mode in ("outcome", "dense", "outcome+dense"):
+        flat = flatten(stored, mode)
+        assert flat.rewards.tolist() == [turn.outcome_reward for t in collected for turn in t.turns]
+        assert flat.dense.abs().sum() == 0
     for s, c in zip(stored, collected):
         assert s.policy_tag == "B" and s.source == "replay"
-        assert all(turn.dense_reward == 0.0 for turn in s.turns)
-        assert [t.outcome_reward for t in s.turns] == [t.outcome_reward for t in c.turns]
         for ts, tc in zip(s.turns, c.turns):
             assert torch.equal(ts.behaviour_logprobs, tc.behaviour_logprobs)
     # the originals handed out by collect are untouched by the swap
@@ -368,8 +375,13 @@ class MinimalAgent(pl.LightningModule):
         self.optimizers().optimizer.load_state_dict(snapshot["opt"])
 
     def training_step(self, batch, batch_idx):
-        self.seen.append((batch.policy_tag, batch.reward_mode, len(batch.tasks), len(batch.replay), float(self.w)))
-        self.last_trajectories = self.collect(batch.tasks, batch.group_size, batch.policy_tag)
+        plan = batch.plan  # the frozen IterationPlan RSPOLoop made for this iteration
+        self.seen.append((plan.policy_tag, plan.reward_mode, len(batch.tasks), len(batch.replay), float(self.w)))
+        if not plan.updates:  # RSPO's collect: B played in the loop's hook
+            self.last_trajectories = []
+            self.iteration += 1
+            return
+        self.last_trajectories = self.collect(batch.tasks, batch.group_size, plan.policy_tag)
         if batch.tasks or batch.replay:
             opt = self.optimizers()
             opt.zero_grad()
@@ -379,11 +391,6 @@ class MinimalAgent(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD([self.w], lr=1.0)
-
-    def train_dataloader(self):
-        tasks = [TaskSpec("fake", "train", i, i) for i in range(16)]
-        batches = [IterationBatch(tasks=list(tasks), group_size=2) for _ in range(10)]
-        return torch.utils.data.DataLoader(batches, batch_size=None, collate_fn=_identity)
 
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
         return batch
@@ -403,19 +410,25 @@ def test_rspo_loop_drives_a_module_that_is_not_ours():
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=[loop],
-    ).fit(m)
+    ).fit(
+        m,
+        datamodule=AgentDataModule(
+            env=ENV, groups_per_iteration=16, group_size=2, iterations_per_epoch=10, val_splits=[]
+        ),
+    )
     # (tag, mode, on-policy groups, replay groups, w at the step); in the collect iteration B
-    # plays before the step, then A (w = 0) is restored, so the empty step already sees A
+    # plays before the step (the module updates nothing), then A (w = 0) is restored
     assert m.seen[:5] == [
         ("B", "dense", 16, 0, 0.0),
         ("B", "dense", 16, 0, 1.0),
-        ("B", "outcome", 0, 0, 0.0),
+        ("B", "outcome", 16, 0, 0.0),
         ("A", "outcome", 14, 2, 0.0),
         ("A", "outcome", 14, 2, 1.0),
     ]
     assert m.seen[5][4] == 2.0 and m.seen[8][4] == 2.0  # A restored after the second B phase
     stored = [t for g in loop.buffer.groups for t in g]
-    assert stored and all(turn.dense_reward == 0.0 and turn.outcome_reward == 1.0 for t in stored for turn in t.turns)
+    assert stored and all(turn.outcome_reward == 1.0 for t in stored for turn in t.turns)
+    assert flatten(stored, "dense").rewards.tolist() == [1.0] * len(stored)  # replayed: the outcome alone
 
 
 def test_rspo_loop_names_what_a_module_lacks():
@@ -545,7 +558,7 @@ def test_validate_and_predict_of_a_mid_b_checkpoint_measure_agent_a(tmp_path):
 
 
 def test_online_baseline_joins_a_replayed_win_to_a_s_group_on_the_same_task():
-    from rspo_lightning.replay import mix_replay
+    from rspo_lightning.rspo.buffer import mix_replay
 
     m = _module()  # GRPO
     loop = RSPOLoop(replay_baseline="online")
@@ -553,14 +566,11 @@ def test_online_baseline_joins_a_replayed_win_to_a_s_group_on_the_same_task():
     loop._store([_hand_traj(3, True), _hand_traj(3, True)], count=True)  # all-won: stored advantage 0
     assert loop.buffer.num_candidates() == 2  # still drawable: its advantage is decided against A's group
     replay = loop.buffer.sample(1)
-    batch = IterationBatch(
-        tasks=[TaskSpec("rspo/Household-v0", "train", 5, 100), TaskSpec("rspo/Household-v0", "train", 6, 101)],
-        group_size=2,
-    )
-    mix_replay(batch, replay, 2, join_online=True)
+    tasks = [TaskSpec("rspo/Household-v0", "train", 5, 100), TaskSpec("rspo/Household-v0", "train", 6, 101)]
+    tasks, mixed = mix_replay(tasks, replay, 2, join_online=True)
     # one trajectory takes ceil(1/2) = 1 slot; the remaining group (id 100) now plays the replayed task 3
-    assert batch.tasks == [TaskSpec("rspo/Household-v0", "train", 3, 100)]
-    joined = batch.replay[0][0]
+    assert tasks == [TaskSpec("rspo/Household-v0", "train", 3, 100)]
+    joined = mixed[0][0]
     assert joined.joins_online and joined.task.group_id == 100 and joined.turns[0].replay_advantage is None
     assert loop.buffer.groups[0][0].turns[0].replay_advantage == 0.0  # the buffer's copy is untouched
     a_fails = [_hand_traj(100, False), _hand_traj(100, False)]
@@ -580,7 +590,7 @@ def test_a_fit_with_the_online_baseline_trains_replay_in_a_s_groups():
 
     class Probe(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            if batch.policy_tag == "A":
+            if batch.plan.policy_tag == "A":
                 seen["tasks"] = [t.task_id for t in batch.tasks]
                 seen["replay"] = [t for g in batch.replay for t in g]
 
@@ -639,7 +649,8 @@ def test_explore_and_collect_rollouts_all_enter_d_with_their_behaviour_logprobs(
         assert len(mine) == len(by_play[iteration]) == 8
         for a, b in zip(mine, by_play[iteration]):
             assert all(torch.equal(x, y) for x, y in zip(a, b))
-    assert all(turn.replay_advantage is not None and turn.dense_reward == 0.0 for t in stored for turn in t.turns)
+    assert all(turn.replay_advantage is not None for t in stored for turn in t.turns)
+    assert flatten(stored, "dense").dense.abs().sum() == 0  # replayed rows carry no dense reward
     assert loop.counts["collected_groups"] == 12
 
 
@@ -695,11 +706,13 @@ def test_positive_slots_take_only_wins_and_give_the_free_slots_back_to_online_gr
     assert loop.buffer.num_candidates() == 3  # the losses carry (negative) signal, but not positive
     batch = IterationBatch(tasks=[TaskSpec("rspo/Household-v0", "train", i, 100 + i) for i in range(16)], group_size=8)
     assert loop.phase_of(5) == "exploit"  # k = 3: explore 0-2, collect 3, exploit 4-6
-    loop.on_train_batch_start(None, type("Module", (), {"iteration": 5})(), batch, 0)  # mixes (no data module)
+    dm = AgentDataModule(env=ENV, groups_per_iteration=16, group_size=8, val_splits=[])
+    dm.attach_replay(loop.buffer, loop)
+    batch = dm.compose(batch, 5)  # the data module draws D with the loop's plan of iteration 5
     drawn = [t for g in batch.replay for t in g]
     assert len(drawn) == 3 and all(t.success for t in drawn)
     assert len(batch.tasks) == 15
-    assert batch.replay_weight == pytest.approx(0.125 * 3 / 16)
+    assert batch.plan.replay_weight.alpha == pytest.approx(0.125 * 3 / 16)
     # the signal default draws 16 of the 13 (all carry signal) and keeps alpha
     signal = RSPOLoop(offline_ratio=0.125)
     signal._advantages = m.outcome_advantages
@@ -847,11 +860,11 @@ def test_explorer_levers_lr_scale_temperature_and_turn_credit_reach_b_only():
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # after RSPOLoop's hook
             seen.append(
                 (
-                    batch.policy_tag,
+                    batch.plan.policy_tag,
                     pl_module.optimizers().optimizer.param_groups[0]["lr"],
                     pl_module.lr_schedulers().get_last_lr()[0],
-                    batch.temperature,
-                    batch.credit,
+                    batch.plan.temperature,
+                    batch.plan.credit,
                 )
             )
 
@@ -913,7 +926,7 @@ def test_reuse_a_episodes_trains_b_first_on_a_s_last_exploit_episodes():
     ]
     assert trained[4][1] == trained[3][1]  # no environment step in iteration 4
     assert m.env_steps == sum(steps for _, _, steps in plays)
-    assert rec.rows[4]["tasks"] == 0 and rec.rows[4]["tag"] == "B"
+    assert rec.rows[4]["played"] and rec.rows[4]["tag"] == "B"
     # what B trained on in iteration 4 is A's iteration-3 episodes: same actions, behaviour log-probs
     # (the very tensors), and the dense reward recomputed by hand for each
     a_eps, b_eps = trained[3][0], trained[4][0]

@@ -1,20 +1,22 @@
 """AgentDataModule: streams *what to play* (task specs, sharded by rank) and *what to replay*.
 
 Rollouts are generated in the module's ``training_step`` (never in a DataLoader): this module
-only says which tasks to play each iteration, and which replayed trajectories to train on.
+says which tasks to play each iteration, holds RSPO's replay buffer D and mixes it in.
 Lightning prefetches a batch one iteration ahead, so the loader yields the task groups only; the
-mix with replay is composed when the iteration starts (``on_after_batch_transfer``, which
-Lightning calls right before ``on_train_batch_start``), from the ``replay_source`` (RSPOLoop sets
-itself there), so the buffer is always current. The callback then sets the phase's reward mode.
+iteration's batch is composed when it starts (``on_after_batch_transfer``, which Lightning calls
+right before ``on_train_batch_start``), so D is always current: the planner's (RSPOLoop's)
+frozen ``IterationPlan`` for the iteration, and ``plan.replay_share`` of its groups drawn from D.
 Task ids of iteration ``n`` are a pure function of ``(seed, n)``, so a resumed run plays the same
 tasks as an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 from collections.abc import Iterator
+from typing import Protocol
 
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader, IterableDataset
@@ -22,7 +24,14 @@ from torch.utils.data import DataLoader, IterableDataset
 from rspo_lightning import choices
 from rspo_lightning.config import EnvConfig
 from rspo_lightning.envs import make_env
-from rspo_lightning.types import IterationBatch, TaskSpec
+from rspo_lightning.rspo.buffer import ReplayBuffer, mix_replay, replay_slots
+from rspo_lightning.types import IterationBatch, IterationPlan, ReplayWeight, TaskSpec
+
+
+class IterationPlanner(Protocol):
+    """What decides each iteration's plan (RSPOLoop)."""
+
+    def plan(self, iteration: int) -> IterationPlan: ...
 
 
 def _identity(x):
@@ -116,9 +125,8 @@ class AgentDataModule(pl.LightningDataModule):
             raise ValueError(f"data.dense_scale must be > 0, got {dense_scale}")
         self.reward_mode = reward_mode
         self.dense_scale = dense_scale
-        # Where replay comes from (RSPOLoop registers itself): an object with
-        # ``mix_into(batch, iteration, total_groups, rank, world_size)`` that puts replay into the batch.
-        self.replay_source = None
+        self.replay: ReplayBuffer | None = None  # RSPO's D (attach_replay); in this module's checkpoint state
+        self.planner: IterationPlanner | None = None  # decides each iteration's plan (RSPOLoop)
         if groups_per_iteration < 1:
             raise ValueError(f"data.groups_per_iteration must be >= 1, got {groups_per_iteration}")
         if group_size < 1:
@@ -173,28 +181,51 @@ class AgentDataModule(pl.LightningDataModule):
         ]
 
     def iteration_batch(self, n: int) -> IterationBatch:
-        """This rank's IterationBatch for iteration ``n`` (groups never split across ranks)."""
+        """This rank's task groups of iteration ``n`` (groups never split across ranks); its plan
+        and replay are composed when the iteration starts (``compose``)."""
         rank, world = self._rank_world()
-        tasks = self.iteration_tasks(n)[rank::world]
-        # RSPOLoop turns some groups into replay groups and sets the reward mode per phase.
-        return IterationBatch(
-            tasks=tasks, group_size=self.group_size, reward_mode=self.reward_mode, dense_scale=self.dense_scale
+        return IterationBatch(tasks=self.iteration_tasks(n)[rank::world], group_size=self.group_size)
+
+    def attach_replay(self, buffer: ReplayBuffer, planner: IterationPlanner) -> None:
+        """Hold ``buffer`` as D (saved in this module's checkpoint state) and ask ``planner`` for
+        each iteration's plan (RSPOLoop calls it in its ``setup``)."""
+        self.replay, self.planner = buffer, planner
+
+    def plan(self, n: int) -> IterationPlan:
+        """Iteration ``n``'s plan: the planner's, else this module's reward settings."""
+        if self.planner is not None:
+            return self.planner.plan(n)
+        return IterationPlan(reward_mode=self.reward_mode, dense_scale=self.dense_scale)
+
+    def compose(self, batch: IterationBatch, n: int) -> IterationBatch:
+        """Iteration ``n``'s batch: its plan, and ``plan.replay_share`` of the iteration's groups over
+        all ranks drawn from D in place of on-policy groups (``rspo.buffer.mix_replay``). With
+        ``slots: positive`` D may fill fewer slots: the replay weight is then α x filled / slots."""
+        plan = self.plan(n)
+        replay: list = []
+        if plan.replay_share > 0 and self.replay is not None and len(self.replay):
+            rank, world = self._rank_world()
+            slots = replay_slots(
+                plan.replay_share, self.groups_per_iteration, batch.group_size, self.replay.unit, rank, world
+            )
+            replay = self.replay.sample(slots)
+            if self.replay.slots == "positive" and plan.replay_weight.rule == "alpha":
+                fill = sum(len(g) for g in replay) / slots if slots else 0.0
+                plan = dataclasses.replace(plan, replay_weight=ReplayWeight("alpha", plan.replay_weight.alpha * fill))
+        tasks, replay = mix_replay(
+            batch.tasks, replay, batch.group_size, join_online=bool(self.replay and self.replay.join_online)
+        )
+        return batch.replace(
+            tasks=tasks, replay=replay, plan=plan, played=None if plan.episodes is None else list(plan.episodes)
         )
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        """Compose the iteration's mix of on-policy groups and replay (training batches only):
-        called when the iteration starts, after the prefetch."""
+        """Compose the iteration's batch (training batches only): called when the iteration
+        starts, after the prefetch."""
         trainer = self.trainer
-        if (
-            self.replay_source is None
-            or trainer is None
-            or not trainer.training
-            or not isinstance(batch, IterationBatch)
-        ):
+        if trainer is None or not trainer.training or not isinstance(batch, IterationBatch):
             return batch
-        rank, world = self._rank_world()
-        self.replay_source.mix_into(batch, trainer.lightning_module.iteration, self.groups_per_iteration, rank, world)
-        return batch
+        return self.compose(batch, trainer.lightning_module.iteration)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_TaskStream(self), batch_size=None, collate_fn=_identity)
@@ -235,7 +266,9 @@ class AgentDataModule(pl.LightningDataModule):
         return self._split_loaders(self.predict_splits or self.test_splits(), self.predict_samples)
 
     def state_dict(self) -> dict:
-        return {"seed": self.seed}
+        return {"seed": self.seed, **({"replay": self.replay.state_dict()} if self.replay is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
         self.seed = int(state.get("seed", self.seed))
+        if "replay" in state and self.replay is not None:
+            self.replay.load_state_dict(state["replay"])

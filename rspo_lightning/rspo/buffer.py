@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import random
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
 
 from rspo_lightning import choices
 from rspo_lightning.trajectory_io import trajectory_from_dict, trajectory_to_dict
@@ -81,6 +81,7 @@ class ReplayBuffer:
         unit: str = "group",
         skip_zero_advantage: bool = False,
         slots: str = "signal",
+        join_online: bool = False,
     ):
         if capacity < 1:
             raise ValueError(f"replay capacity must be >= 1, got {capacity}")
@@ -97,6 +98,7 @@ class ReplayBuffer:
         self.unit = unit
         self.skip_zero_advantage = skip_zero_advantage
         self.slots = slots
+        self.join_online = join_online
         self.groups: deque[list[Trajectory]] = deque(maxlen=capacity)
         self.serials: deque[int] = deque(maxlen=capacity)  # serial number of each stored group
         self.next_serial = 0
@@ -106,16 +108,17 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return len(self.groups)
 
-    def add_group(self, group: Sequence[Trajectory]) -> None:
-        """Store a copy of ``group`` marked ``source="replay"`` (the caller's objects are untouched)."""
+    def add_group(self, group: Sequence[Trajectory]) -> list[Trajectory]:
+        """Store copies of ``group`` (their turns too: the caller's objects are untouched) marked
+        ``source="replay"``, so that they train on the outcome reward alone (``batching.flatten``:
+        RSPO's reward swap). Returns the stored copies."""
         if not group:
             raise ValueError("cannot add an empty group to the replay buffer")
-        stored = [copy.copy(t) for t in group]
-        for t in stored:
-            t.source = "replay"
+        stored = [dataclasses.replace(t, source="replay", turns=[copy.copy(turn) for turn in t.turns]) for t in group]
         self.groups.append(stored)
         self.serials.append(self.next_serial)
         self.next_serial += 1
+        return stored
 
     def clear(self) -> None:
         self.retain(lambda group: False)
@@ -231,6 +234,7 @@ class ReplayBuffer:
             "unit": self.unit,
             "skip_zero_advantage": self.skip_zero_advantage,
             "slots": self.slots,
+            "join_online": self.join_online,
             "groups": [[trajectory_to_dict(t) for t in g] for g in self.groups],
             "serials": list(self.serials),
             "next_serial": self.next_serial,
@@ -244,6 +248,7 @@ class ReplayBuffer:
         self.unit = state.get("unit", "group")
         self.skip_zero_advantage = bool(state.get("skip_zero_advantage", False))
         self.slots = state.get("slots", "signal")
+        self.join_online = bool(state.get("join_online", self.join_online))
         self.groups = deque(([trajectory_from_dict(t) for t in g] for g in state["groups"]), maxlen=self.capacity)
         self.serials = deque(state.get("serials", range(len(self.groups))), maxlen=self.capacity)
         self.next_serial = int(state.get("next_serial", len(self.groups)))
@@ -252,10 +257,38 @@ class ReplayBuffer:
         self.rng.setstate((version, tuple(internal), gauss))
 
 
-def mix_replay(batch: Any, replay: list[list[Trajectory]], group_size: int, join_online: bool = False) -> None:
-    """Put ``replay`` (groups of trajectories) into ``batch`` in place of on-policy groups: as
-    many of the batch's last task groups are dropped as the replayed trajectories fill
-    (``ceil(trajectories / group_size)``), so the batch plays no more episodes than before.
+def round_half_up(x: float) -> int:
+    return int(math.floor(x + 0.5))
+
+
+def replay_groups_per_rank(total_groups: int, world_size: int, offline_ratio: float) -> list[int]:
+    """Each rank's replay-group count: ``round_half_up(α · total_groups)`` over all ranks, split
+    as evenly as possible, the first ranks taking one more (deterministic: every rank computes
+    the same list). Never more on a rank than its own ``total_groups / world_size`` groups."""
+    if total_groups < 0 or world_size < 1:
+        raise ValueError(f"need total_groups >= 0 and world_size >= 1, got {total_groups}, {world_size}")
+    if not 0 <= offline_ratio < 1:
+        raise ValueError(f"offline_ratio must be in [0, 1), got {offline_ratio}")
+    total = round_half_up(offline_ratio * total_groups)
+    base, extra = divmod(total, world_size)
+    return [base + (r < extra) for r in range(world_size)]
+
+
+def replay_slots(
+    share: float, total_groups: int, group_size: int, unit: str, rank: int = 0, world_size: int = 1
+) -> int:
+    """This rank's replay draws of an iteration: ``replay_groups_per_rank(total_groups, world_size,
+    share)[rank]`` groups, or that many times ``group_size`` trajectories under ``unit="trajectory"``."""
+    n = replay_groups_per_rank(total_groups, world_size, share)[rank]
+    return n * group_size if unit == "trajectory" else n
+
+
+def mix_replay(
+    tasks: list[TaskSpec], replay: list[list[Trajectory]], group_size: int, join_online: bool = False
+) -> tuple[list[TaskSpec], list[list[Trajectory]]]:
+    """``(tasks, replay)`` with ``replay`` (groups of trajectories) in place of on-policy groups: as
+    many of the last task groups are dropped as the replayed trajectories fill
+    (``ceil(trajectories / group_size)``), so the iteration plays no more episodes than before.
 
     ``join_online`` (RSPO's ``replay_baseline="online"``): each replayed task is played by one of
     the remaining on-policy groups (that slot's task is re-pointed to it, keeping its group id) and
@@ -265,11 +298,10 @@ def mix_replay(batch: Any, replay: list[list[Trajectory]], group_size: int, join
     slots keep their stored advantage.
     """
     n = sum(len(g) for g in replay)
-    drop = min(len(batch.tasks), -(-n // max(group_size, 1)))
-    batch.tasks = batch.tasks[: len(batch.tasks) - drop]
+    drop = min(len(tasks), -(-n // max(group_size, 1)))
+    tasks = list(tasks[: len(tasks) - drop])
     if join_online:
         slots: dict[tuple, TaskSpec] = {}
-        tasks = list(batch.tasks)
         joined = []
         for group in replay:
             out = []
@@ -288,5 +320,5 @@ def mix_replay(batch: Any, replay: list[list[Trajectory]], group_size: int, join
                     )
                 out.append(t)
             joined.append(out)
-        batch.tasks, replay = tasks, joined
-    batch.replay = replay
+        replay = joined
+    return tasks, replay

@@ -59,7 +59,7 @@ def agent_a_into_checkpoint(module: pl.LightningModule, checkpoint: dict) -> Non
     for state in (checkpoint.get("callbacks") or {}).values():
         if (
             isinstance(state, dict)
-            and {"snapshot", "buffer", "counts"} <= state.keys()
+            and {"snapshot", "counts"} <= state.keys()
             and state["snapshot"] is not None
         ):
             snapshot = state["snapshot"]

@@ -49,8 +49,9 @@ import lightning.pytorch as pl
 
 from rspo_lightning import choices
 from rspo_lightning.metrics import repeat_visit_rate
-from rspo_lightning.replay import ReplayBuffer, mix_replay
-from rspo_lightning.snapshot import (  # noqa: F401  (re-exported: the helpers any RSPOAgent can use)
+from rspo_lightning.rewards import assign_dense_rewards
+from rspo_lightning.rspo.buffer import ReplayBuffer
+from rspo_lightning.rspo.snapshot import (  # noqa: F401  (re-exported: the helpers any RSPOAgent can use)
     _optimizers,
     _schedulers,
     agent_a_into_checkpoint,
@@ -58,8 +59,7 @@ from rspo_lightning.snapshot import (  # noqa: F401  (re-exported: the helpers a
     snapshot_trainable,
 )
 from rspo_lightning.trajectory_io import trajectory_from_dict, trajectory_to_dict
-from rspo_lightning.types import Trajectory
-from rspo_lightning.update import SIGNAL
+from rspo_lightning.types import IterationPlan, ReplayWeight, Trajectory
 
 PHASE_CODE = {"explore": 0.0, "collect": 1.0, "exploit": 2.0}
 
@@ -97,6 +97,14 @@ class RSPOAgent(Protocol):
         ...
 
 
+@runtime_checkable
+class ReplayData(Protocol):
+    """What RSPOLoop needs from the data module: to hold D and ask the loop for each iteration's
+    plan (``AgentDataModule.attach_replay``), and to compose every batch from that plan."""
+
+    def attach_replay(self, buffer: ReplayBuffer, planner: Any) -> None: ...
+
+
 def check_rspo_agent(module: Any) -> None:
     """Raise TypeError naming every member of ``RSPOAgent`` that ``module`` lacks."""
     members = ["iteration", "dense_reward", "last_trajectories", "collect", "snapshot_trainable", "restore_trainable"]
@@ -104,7 +112,7 @@ def check_rspo_agent(module: Any) -> None:
     if missing:
         raise TypeError(
             f"RSPOLoop needs a LightningModule offering the RSPOAgent protocol "
-            f"(rspo_lightning.callbacks.rspo.RSPOAgent); {type(module).__name__} lacks {missing}"
+            f"(rspo_lightning.rspo.RSPOAgent); {type(module).__name__} lacks {missing}"
         )
 
 
@@ -146,35 +154,11 @@ def check_length_neutral(source: Any, explorer_reward: str) -> None:
         )
 
 
-def round_half_up(x: float) -> int:
-    return int(math.floor(x + 0.5))
-
-
-def replay_groups_per_rank(total_groups: int, world_size: int, offline_ratio: float) -> list[int]:
-    """Each rank's replay-group count: ``round_half_up(α · total_groups)`` over all ranks, split
-    as evenly as possible, the first ranks taking one more (deterministic: every rank computes
-    the same list). Never more on a rank than its own ``total_groups / world_size`` groups."""
-    if total_groups < 0 or world_size < 1:
-        raise ValueError(f"need total_groups >= 0 and world_size >= 1, got {total_groups}, {world_size}")
-    if not 0 <= offline_ratio < 1:
-        raise ValueError(f"offline_ratio must be in [0, 1), got {offline_ratio}")
-    total = round_half_up(offline_ratio * total_groups)
-    base, extra = divmod(total, world_size)
-    return [base + (r < extra) for r in range(world_size)]
-
-
 def group_by_task(trajectories: Sequence[Trajectory]) -> list[list[Trajectory]]:
     groups: dict[Any, list[Trajectory]] = defaultdict(list)
     for t in trajectories:
         groups[(t.task.env_id, t.task.split, t.task.task_id, t.task.group_id)].append(t)
     return list(groups.values())
-
-
-def swap_to_outcome(group: Sequence[Trajectory]) -> list[Trajectory]:
-    """The reward swap: copies whose turns carry only the outcome reward (dense zeroed)."""
-    return [
-        dataclasses.replace(t, turns=[dataclasses.replace(turn, dense_reward=0.0) for turn in t.turns]) for t in group
-    ]
 
 
 class RSPOLoop(pl.Callback):
@@ -336,13 +320,12 @@ class RSPOLoop(pl.Callback):
             unit=replay_unit,
             skip_zero_advantage=replay_baseline == "collected",
             slots=replay_slots,
+            join_online=replay_baseline == "online",
         )
         self.snapshot: dict | None = None  # agent A's trainable state while B trains
         self.counts = {"a_iterations": 0, "b_iterations": 0, "collected_groups": 0, "loops": 0}
         self._phase = "exploit"
         self._replay_frac = 0.0
-        self._fill = 1.0  # replayed / replay slots of the iteration (replay_slots: positive)
-        self._mixed_by_data = False  # a replay-aware data module composes the mix
         self._advantages = None  # the module's outcome_advantages, if it offers one
         self.explored: list[Trajectory] = []
 
@@ -364,37 +347,32 @@ class RSPOLoop(pl.Callback):
         return self.replay_from == "history" or iterations_done % self.loop_length == 0
 
     @property
-    def replay_weight(self) -> float | str | None:
-        """α for the module's two-part loss, None (pooled token-mean) or ``update.SIGNAL`` (α
-        resolved per iteration from its signal-carrying rows: ``update.iteration_alpha``)."""
-        return {"alpha": self.offline_ratio, "tokens": None, "signal": SIGNAL}[self.offline_weighting]
+    def replay_weight(self) -> ReplayWeight:
+        """How A's J weighs the replayed rows (``offline_weighting``, α = ``offline_ratio``)."""
+        return ReplayWeight(self.offline_weighting, self.offline_ratio)
 
-    def replay_for(
-        self, iteration: int, total_groups: int, group_size: int, rank: int = 0, world_size: int = 1
-    ) -> list[list[Trajectory]]:
-        """This rank's replay items for ``iteration``, drawn from D now: none outside exploit;
-        else ``replay_groups_per_rank(total_groups, world_size, α)[rank]`` groups, or that many
-        times ``group_size`` trajectories with ``replay_unit="trajectory"``. A replay-aware data
-        module calls it when the iteration starts."""
-        if self.phase_of(iteration) != "exploit" or not len(self.buffer):
-            return []
-        return self.buffer.sample(self._slots(total_groups, group_size, rank, world_size))
-
-    def _slots(self, total_groups: int, group_size: int, rank: int, world_size: int) -> int:
-        n = replay_groups_per_rank(total_groups, world_size, self.offline_ratio)[rank]
-        return n * group_size if self.buffer.unit == "trajectory" else n
-
-    def mix_into(self, batch: Any, iteration: int, total_groups: int, rank: int = 0, world_size: int = 1) -> None:
-        """Compose ``batch``'s mix for ``iteration``: this rank's replay items (``replay_for``) in
-        place of on-policy groups (``replay.mix_replay``). A replay-aware data module calls it when
-        the iteration starts; without one the callback calls it in ``on_train_batch_start``. With
-        ``replay_slots: positive`` the replay weight is α x filled / slots."""
-        replay = self.replay_for(iteration, total_groups, batch.group_size, rank, world_size)
-        mix_replay(batch, replay, batch.group_size, join_online=self.replay_baseline == "online")
-        self._fill = 1.0
-        if self.replay_slots == "positive" and self.phase_of(iteration) == "exploit":
-            slots = self._slots(total_groups, batch.group_size, rank, world_size)
-            self._fill = sum(len(g) for g in replay) / slots if slots else 0.0
+    def plan(self, iteration: int) -> IterationPlan:
+        """The frozen plan of ``iteration``: B on its reward in ``explore`` (and ``collect``, where
+        it only plays), A on the outcome reward with ``offline_ratio`` of its groups from D in
+        ``exploit``. The data module asks for it when the iteration starts (before this
+        callback's ``on_train_batch_start``) and composes the batch with it."""
+        phase = self.phase_of(iteration)
+        if phase == "explore":
+            reused = self.reuse_a_episodes and iteration % self.loop_length == 0 and bool(self.a_last)
+            return IterationPlan(
+                phase,
+                "B",
+                self.explorer_reward,
+                self.dense_scale,
+                None if reused else self.explorer_temperature,  # A's episodes keep the rollout's temperature
+                self.replay_weight,
+                self.explorer_credit,
+                self.explorer_gamma,
+                episodes=tuple(self.a_last) if reused else None,
+            )
+        if phase == "collect":
+            return IterationPlan(phase, "B", "outcome", replay_weight=self.replay_weight)
+        return IterationPlan(phase, "A", "outcome", replay_weight=self.replay_weight, replay_share=self.offline_ratio)
 
     # -- Lightning hooks ----------------------------------------------------------------------
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -416,17 +394,21 @@ class RSPOLoop(pl.Callback):
                 f"(the advantage of each stored turn over its full group); {type(pl_module).__name__} lacks it: "
                 "add it or use replay_unit='group'"
             )
-        dm = getattr(trainer, "datamodule", None) if trainer is not None else None
-        self._mixed_by_data = dm is not None and hasattr(dm, "replay_source")
-        if self._mixed_by_data:
-            dm.replay_source = self
+        if trainer is None:  # checked alone (tests of the Protocol)
+            return
+        dm = trainer.datamodule
+        if not isinstance(dm, ReplayData):
+            raise TypeError(
+                f"RSPOLoop needs a data module that holds the replay buffer D and mixes it into A's batches "
+                f"(rspo_lightning.datamodules.AgentDataModule, or one offering rspo_lightning.rspo.loop.ReplayData's "
+                f"attach_replay); the trainer's is {type(dm).__name__ if dm is not None else None}: pass "
+                "trainer.fit(module, datamodule=AgentDataModule(...))"
+            )
+        dm.attach_replay(self.buffer, self)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        n = pl_module.iteration
-        self._phase = phase = self.phase_of(n)
-        if phase != "exploit":
-            batch.replay = []
-        batch.dense_scale = 1.0
+        n, plan = pl_module.iteration, batch.plan
+        self._phase = phase = plan.phase
         if phase == "explore":
             if n % self.loop_length == 0:  # a new loop: clear D (A's own groups stay under `both`), B := A
                 self.buffer.retain(
@@ -438,17 +420,10 @@ class RSPOLoop(pl.Callback):
                 self.counts["loops"] += 1
                 if self.b_state is not None and (self.counts["loops"] - 1) % self.explorer_resync_every:
                     pl_module.restore_trainable(self.b_state)  # a persistent B continues
-            batch.reward_mode, batch.policy_tag, batch.dense_scale = self.explorer_reward, "B", self.dense_scale
-            batch.temperature, batch.credit, batch.credit_gamma = (
-                self.explorer_temperature,
-                self.explorer_credit,
-                self.explorer_gamma,
-            )
             if self.explorer_lr_scale != 1.0:  # B's rate: A's schedule, scaled (B's optimizer state is discarded)
                 scale_learning_rates(pl_module, self.explorer_lr_scale)
-            self._reused = self.reuse_a_episodes and n % self.loop_length == 0 and bool(self.a_last)
-            if self._reused:  # B_0 = A trains on A's last episodes, played at the rollout's temperature
-                batch.played, batch.tasks, batch.temperature = self.a_last, [], None
+            self._reused = plan.episodes is not None
+            if self._reused:
                 self.a_last = []
         elif phase == "collect":
             tasks = batch.tasks if self.collect_groups is None else batch.tasks[: self.collect_groups]
@@ -462,20 +437,20 @@ class RSPOLoop(pl.Callback):
             self._store(played, count=True)
             self.explored = played
             self._restore_a(pl_module)
-            batch.tasks, batch.reward_mode, batch.policy_tag = [], "outcome", "B"  # no update in this iteration
-        else:
-            if not self._mixed_by_data:  # no replay-aware data module: mix here
-                world = getattr(trainer, "world_size", 1) or 1
-                rank = getattr(trainer, "global_rank", 0) or 0
-                self.mix_into(batch, n, len(batch.tasks) * world, rank, world)
-            batch.reward_mode, batch.policy_tag = "outcome", "A"
-        weight = self.replay_weight
-        if isinstance(weight, float) and phase == "exploit":
-            weight *= self._fill
-        batch.replay_weight = weight
         replayed = sum(len(g) for g in batch.replay)
-        played_n = len(batch.tasks) * batch.group_size
+        played_n = len(batch.tasks) * batch.group_size if plan.updates and batch.played is None else 0
         self._replay_frac = replayed / max(replayed + played_n, 1)
+
+    def _rescored(self, pl_module, trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+        """Copies of A's episodes (their turns too) carrying B's dense reward (``reuse_a_episodes``)."""
+        copies = [
+            dataclasses.replace(t, turns=[dataclasses.replace(turn, dense_reward=0.0) for turn in t.turns])
+            for t in trajectories
+        ]
+        estimator = getattr(pl_module, "estimator", None)
+        if self.explorer_reward != "outcome" or getattr(estimator, "needs_dense", False):
+            assign_dense_rewards(pl_module.dense_reward, copies)
+        return copies
 
     def _restore_a(self, pl_module) -> None:
         if self.snapshot is not None:
@@ -485,8 +460,9 @@ class RSPOLoop(pl.Callback):
         self.snapshot = None
 
     def _store(self, trajectories: Sequence[Trajectory], count: bool) -> None:
-        """Swap to the outcome reward, attach the collection-time advantages, add to D."""
-        groups = [swap_to_outcome(g) for g in group_by_task(trajectories)]
+        """Add the groups to D (which keeps them with the outcome reward alone: the reward swap)
+        with each turn's advantage under A's estimator over its full group, at collection time."""
+        groups = [self.buffer.add_group(g) for g in group_by_task(trajectories)]
         if self._advantages is not None and groups:
             flat = [t for g in groups for t in g]
             values = self._advantages(flat)
@@ -496,9 +472,7 @@ class RSPOLoop(pl.Callback):
                     raise ValueError(f"outcome_advantages returned {len(values)} values for {len(turns)} turns")
                 for turn, a in zip(turns, values):
                     turn.replay_advantage = float(a)
-        for g in groups:
-            self.buffer.add_group(g)
-            self.counts["collected_groups"] += count
+        self.counts["collected_groups"] += count * len(groups)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         phase, n = self._phase, pl_module.iteration - 1  # the iteration just done
@@ -523,7 +497,7 @@ class RSPOLoop(pl.Callback):
                 self._store(played, count=False)
             values["rspo/repeat_visits_A"] = repeat_visit_rate(played, self.exploration_window)
             if self.reuse_a_episodes:
-                self.a_last = list(played)
+                self.a_last = self._rescored(pl_module, played)
         pl_module.log_dict(
             {
                 **values,
@@ -556,8 +530,7 @@ class RSPOLoop(pl.Callback):
 
     # -- checkpoint -------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {
-            "buffer": self.buffer.state_dict(),
+        return {  # D is saved by the data module that holds it (AgentDataModule.state_dict)
             "snapshot": self.snapshot,
             "counts": dict(self.counts),
             "b_state": self.b_state,
@@ -565,7 +538,8 @@ class RSPOLoop(pl.Callback):
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.buffer.load_state_dict(state["buffer"])
+        if "buffer" in state:  # a checkpoint from before issue 45 kept D here: into the data module's D
+            self.buffer.load_state_dict(state["buffer"])
         self.snapshot = state["snapshot"]
         self.counts = dict(state["counts"])
         self.b_state = state.get("b_state")
