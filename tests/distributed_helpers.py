@@ -9,8 +9,8 @@ import os
 import torch
 from lightning.pytorch import Callback
 
-from rspo_lightning.rspo.loop import RSPOLoop
 from rspo_lightning.module import AgentRLModule
+from rspo_lightning.rspo.loop import RSPOLoop
 
 
 class RankSkewProbe(Callback):

@@ -10,7 +10,6 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from rspo_lightning.rspo.loop import RSPOLoop
 from rspo_lightning.checkpointing import CheckpointError, IterationCheckpoint
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, LoraSettings, OptimConfig, PolicyConfig
 from rspo_lightning.datamodules import AgentDataModule
@@ -19,6 +18,7 @@ from rspo_lightning.language_model import TinyModelConfig
 from rspo_lightning.module import AgentRLModule
 from rspo_lightning.rewards import EnvProgressReward
 from rspo_lightning.rollout import RolloutConfig
+from rspo_lightning.rspo.loop import RSPOLoop
 
 ENV = EnvConfig(
     kwargs={

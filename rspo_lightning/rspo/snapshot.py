@@ -57,11 +57,7 @@ def agent_a_into_checkpoint(module: pl.LightningModule, checkpoint: dict) -> Non
     agent A, and a fit without the loop continues A."""
     snapshot = None
     for state in (checkpoint.get("callbacks") or {}).values():
-        if (
-            isinstance(state, dict)
-            and {"snapshot", "counts"} <= state.keys()
-            and state["snapshot"] is not None
-        ):
+        if isinstance(state, dict) and {"snapshot", "counts"} <= state.keys() and state["snapshot"] is not None:
             snapshot = state["snapshot"]
     trainer = module._trainer
     fitting_with_loop = (
