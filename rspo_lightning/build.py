@@ -115,3 +115,18 @@ def shard_models(modules: list[nn.Module | None], mesh, lora: bool = False) -> N
     for module in modules:
         if module is not None:
             shard_fsdp2(module, mesh)
+
+
+def summary_line(self) -> str:
+    """What ``AgentRLModule`` ``self`` built, in one line (the CLI's stand-in for Lightning's model summary)."""
+    trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in self.parameters())
+    parts = [
+        f"{type(self.policy).__name__} from {self.policy_cfg.source!r}",
+        f"{trainable / 1e6:.2f}M of {total / 1e6:.2f}M parameters train",
+    ]
+    if self.value_head is not None or self.critic is not None:
+        parts.append("critic: " + ("value head on the policy" if self.critic is None else "separate model"))
+    if self._ref is not None:
+        parts.append("frozen KL reference")
+    return f"AgentRLModule: {', '.join(parts)}; estimator {self.algo.estimator}, backend {self.rollout_cfg.backend}"

@@ -309,11 +309,15 @@ COUNTERS = ("iteration", "skipped_steps", "env_steps", "episodes_dropped")
 
 def save_counters(module: Any, checkpoint: dict) -> None:
     """``AgentRLModule``'s loop state beside its weights: the RL iteration, skipped optimizer steps,
-    environment steps, dropped episodes, environment errors and a stateful dense reward's state."""
+    environment steps, dropped episodes, environment errors, a stateful dense reward's state and
+    the logger's version."""
     checkpoint.update({f"rspo_{name}": getattr(module, name) for name in COUNTERS})
     checkpoint["rspo_env_errors"] = module.engine.env_errors if module.engine is not None else 0
     if hasattr(module.dense_reward, "state_dict"):
         checkpoint["rspo_dense_reward"] = module.dense_reward.state_dict()
+    version = getattr(module.logger, "version", None) if module._trainer is not None else None
+    if version is not None:  # the log folder a resumed fit continues in (cli.AgentCLI), as the logger names it
+        checkpoint["rspo_log_version"] = version if isinstance(version, str) else f"version_{version}"
 
 
 def load_counters(module: Any, checkpoint: dict) -> None:

@@ -13,6 +13,7 @@ import torch
 
 from rspo_lightning.advantages import AdvantageResult
 from rspo_lightning.batching import FlatTurns
+from rspo_lightning.distributed import merge_over_ranks
 from rspo_lightning.types import IterationBatch, TrainBatch, Trajectory
 
 
@@ -209,3 +210,44 @@ class IterationLog:
 
     def on_train_epoch_end(self) -> None:
         self._flush_iteration_metrics()  # what epoch-end callbacks (e.g. Curriculum) logged
+
+
+def log_iteration(self, it: Iteration | None = None) -> None:
+    """``AgentRLModule``'s log of one iteration (``self``: the module): its counters always; rollout, replay, advantage, loss and speed
+    metrics when it trained (a skipped iteration counts and logs the counters only)."""
+    if it is None:
+        self.iteration += 1
+    else:
+        played, prefix = self.last_trajectories, "rollout" if it.batch.plan.policy_tag == "A" else "rollout_b"
+        won = merge_over_ranks({"won": [sum(t.success for t in played), len(played)]})["won"]  # on every rank
+        if played and it.batch.played is None:  # over all ranks (the rest: this rank's); not re-used episodes
+            self.log_dict(
+                {f"{prefix}/success_rate": won[0] / max(won[1], 1.0), **rollout_metrics(played, prefix)},
+                on_step=True,
+                batch_size=len(played),
+            )
+            if (
+                it.batch.plan.policy_tag == "A"
+            ):  # the progress bar: agent A's training success (RSPO's B logs rollout_b/*)
+                self.log("success_A", won[0] / max(won[1], 1.0), prog_bar=True, on_step=True, logger=False)
+        values = iteration_metrics(it, self.algo.ppo_epochs)
+        values.update(
+            {
+                "train/lr": self.lr_schedulers().optimizer.param_groups[0]["lr"],
+                "iteration": float(self.iteration),
+                "train/skipped_steps": float(self.skipped_steps),
+            }
+        )
+        if "train/policy_loss" in values:
+            self.log("train/policy_loss", values.pop("train/policy_loss"), prog_bar=True, on_step=True)
+        self.log_dict(values, on_step=True)
+        self.log("it", float(self.iteration), prog_bar=True, on_step=True, logger=False)
+    self.log_dict(
+        {
+            "rollout/env_errors": float(self.engine.env_errors),
+            "rollout/episodes_dropped": float(self.episodes_dropped),
+            "rollout/env_steps": float(self.env_steps),
+            "step": float(self.iteration),
+        },
+        on_step=True,
+    )  # Lightning's x-axis key: one point per RL iteration

@@ -20,11 +20,11 @@ from lightning.pytorch.strategies import FSDPStrategy
 from rspo_lightning import advantages as adv
 from rspo_lightning import credit, logprobs, metrics, partner_loss, update
 from rspo_lightning.batching import FlatTurns, drop_faulty, flatten, make_train_batch
-from rspo_lightning.build import build_models, build_optimizers, reference_model, shard_models
+from rspo_lightning.build import build_models, build_optimizers, reference_model, shard_models, summary_line
 from rspo_lightning.checkpointing import AtomicCheckpointIO, load_counters, save_counters
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.critic import CriticConfig
-from rspo_lightning.distributed import all_sum, is_sharded, lockstep_count, merge_over_ranks
+from rspo_lightning.distributed import all_sum, is_sharded, lockstep_count
 from rspo_lightning.envs import make_env
 from rspo_lightning.evaluation import HeldOutEpisodes
 from rspo_lightning.rewards import DenseReward, assign_dense_rewards
@@ -88,12 +88,8 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
                 f"model.val_temperature must be > 0, got {val_temperature}; for argmax validation set"
                 " model.val_greedy: true (logged as val/greedy_success_rate beside the sampled one)"
             )
-        self.val_temperature, self.val_greedy, self.seed, self.predict_path = (
-            val_temperature,
-            val_greedy,
-            0 if seed is None else seed,
-            predict_path,
-        )
+        self.val_temperature, self.val_greedy, self.predict_path = val_temperature, val_greedy, predict_path
+        self.seed = 0 if seed is None else seed
         self.automatic_optimization = False
         self.policy = self.tokenizer = self.engine = None
         self.value_head = None  # shared critic: value head on the policy backbone
@@ -155,25 +151,11 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
 
     def on_fit_start(self) -> None:
         if self.trainer.is_global_zero:
-            print(self.summary_line(), flush=True)
+            print(summary_line(self), flush=True)
         if self.engine is not None:
             self.engine.env_errors = max(self.engine.env_errors, getattr(self, "_restored_env_errors", 0))
         if self._ref is not None:  # not a submodule, so the strategy's device/precision moves skip it
             self._ref.to(device=self.device, dtype=next(self.policy.parameters()).dtype)
-
-    def summary_line(self) -> str:
-        """What the module built, in one line (the CLI's stand-in for Lightning's model summary)."""
-        trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
-        total = sum(p.numel() for p in self.parameters())
-        parts = [
-            f"{type(self.policy).__name__} from {self.policy_cfg.source!r}",
-            f"{trainable / 1e6:.2f}M of {total / 1e6:.2f}M parameters train",
-        ]
-        if self.value_head is not None or self.critic is not None:
-            parts.append("critic: " + ("value head on the policy" if self.critic is None else "separate model"))
-        if self._ref is not None:
-            parts.append("frozen KL reference")
-        return f"AgentRLModule: {', '.join(parts)}; estimator {self.algo.estimator}, backend {self.rollout_cfg.backend}"
 
     def set_env_kwargs(self, changes: dict) -> None:
         """Change environment keyword arguments mid-run (curriculum); new episodes use them."""
@@ -198,7 +180,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         # and a rank with nothing of its own still takes part (docs/distributed.md).
         plan = batch.plan
         if not plan.updates or self._all_ranks(len(batch.tasks) + len(batch.played or ()) + len(batch.replay)) == 0:
-            return self._log_iteration()  # RSPO's collect: B played in RSPOLoop's hook
+            return metrics.log_iteration(self)  # RSPO's collect: B played in RSPOLoop's hook
         watch, tokens = metrics.Stopwatch(), self.engine.stats["generated_tokens"]
         self._temperature = plan.temperature  # the rollouts' temperature, and the scores'
         with watch("rollout"):
@@ -212,12 +194,12 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
                 )
         played = self.last_trajectories + [t for group in batch.replay for t in group]
         if self._all_ranks(len(played)) == 0:  # every episode lost to environment faults
-            return self._log_iteration()
+            return metrics.log_iteration(self)
         with watch("update"):
             flat, train, result, raw, stats = self._learn(played, plan, watch, has_replay=bool(batch.replay))
         self.iteration += 1
         tokens = self.engine.stats["generated_tokens"] - tokens
-        self._log_iteration(metrics.Iteration(batch, flat, train, result, raw, stats, watch.seconds, tokens))
+        metrics.log_iteration(self, metrics.Iteration(batch, flat, train, result, raw, stats, watch.seconds, tokens))
 
     def _learn(self, played: list[Trajectory], plan: IterationPlan, watch: metrics.Stopwatch, has_replay: bool):
         """Flatten, credit, score and update on the iteration's episodes (on-policy then replayed)."""
@@ -227,10 +209,10 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
             result, raw = credit.turn_advantages(
                 flat, self.algo, train.old_values, credit=plan.credit, gamma=plan.credit_gamma
             )
-        train = self._with_advantages(train, result)
+        train = update.with_advantages(train, result)
         den = update.denominators(train, self.algo.loss_agg, self.device)  # J's means count every row
         alpha = iteration_alpha(plan.replay_weight, train, self.algo.loss_agg, self.device)
-        probe, train = train, self._trained_rows(train)
+        probe, train = train, update.trained_rows(train, self.algo, self.estimator.needs_critic)
         stats = {"samples": float(len(train))}
         stats.update(replay_diagnostics(train, den, alpha, self.algo.loss_agg))
         if has_replay and alpha is not None:
@@ -283,42 +265,12 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         """The temperature the current iteration's rollouts were sampled at (and its rows are scored at)."""
         return self._temperature if self._temperature is not None else self.rollout_cfg.temperature
 
-    def _dummy(self) -> TrainBatch:
-        return logprobs.dummy_batch(
-            self.engine.pad_id,
-            with_ref=self.algo.kl_coef > 0,
-            with_values=self.estimator.needs_critic,
-            with_critic_rows=self.critic is not None,
-        )
+    def _dummy(self) -> TrainBatch:  # a rank without rows backwards this at weight 0
+        needs = {"with_ref": self.algo.kl_coef > 0, "with_values": self.estimator.needs_critic}
+        return logprobs.dummy_batch(self.engine.pad_id, **needs, with_critic_rows=self.critic is not None)
 
     def _all_ranks(self, count: int) -> float:
         return all_sum([count], self.device)[0]
-
-    @staticmethod
-    def _with_advantages(batch: TrainBatch, result: adv.AdvantageResult) -> TrainBatch:
-        """``batch`` with the estimator's advantages (returns, clip scales)."""
-        return dataclasses.replace(
-            batch,
-            advantages=result.advantages.float(),
-            **{
-                name: value.float()
-                for name, value in (("returns", result.returns), ("clip_scale", result.clip_scale))
-                if value is not None
-            },
-        )
-
-    def _trained_rows(self, batch: TrainBatch) -> TrainBatch:
-        """``batch`` less the rows of zero advantage under ``drop_zero_advantage`` (when no KL,
-        entropy or critic term needs them): a compute saving only, the loss's means still count
-        them (``update.Denominators``)."""
-        if (
-            self.algo.drop_zero_advantage
-            and self.algo.kl_coef == 0
-            and self.algo.entropy_coef == 0
-            and not self.estimator.needs_critic
-        ):
-            batch = batch.select(torch.nonzero(batch.advantages != 0).flatten())
-        return batch
 
     def score(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
         """``batch`` with its old (and reference) log-probs (``logprobs.score``), and the rollout's log-prob mismatch."""
@@ -371,15 +323,6 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         """``update.ppo_update`` with Lightning's backward and clipping; one scheduler step per iteration."""
         opts = self.optimizers()
         opts = opts if isinstance(opts, list) else [opts]
-        if self._flat_sharded:  # Lightning's norm clipping refuses FSDP1; its root module clips over all shards
-
-            def clip(opt, norm):
-                self.trainer.strategy.model.clip_grad_norm_(norm)
-        else:  # through Lightning, so precision plugins and strategies apply
-
-            def clip(opt, norm):
-                self.clip_gradients(opt, gradient_clip_val=norm, gradient_clip_algorithm="norm")
-
         result = update.ppo_update(
             batch,
             self.loss,
@@ -390,7 +333,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
             device=self.device,
             generator=torch.Generator().manual_seed(self.seed * 100003 + self.iteration),
             backward=self.manual_backward,
-            clip=clip,
+            clip=update.lightning_clip(self, self._flat_sharded),
             flat_sharded=self._flat_sharded,
             den=den,
             critic_step=functools.partial(
@@ -444,53 +387,9 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         if self.engine is not None:
             self.engine.mark_weights_changed()
 
-    # -- metrics (the per-iteration log buffer: metrics.IterationLog) ---------------------
-    def _log_iteration(self, it: metrics.Iteration | None = None) -> None:
-        """Log one iteration: its counters always; rollout, replay, advantage, loss and speed
-        metrics when it trained (a skipped iteration counts and logs the counters only)."""
-        if it is None:
-            self.iteration += 1
-        else:
-            played, prefix = self.last_trajectories, "rollout" if it.batch.plan.policy_tag == "A" else "rollout_b"
-            won = merge_over_ranks({"won": [sum(t.success for t in played), len(played)]})["won"]  # on every rank
-            if played and it.batch.played is None:  # over all ranks (the rest: this rank's); not re-used episodes
-                self.log_dict(
-                    {f"{prefix}/success_rate": won[0] / max(won[1], 1.0), **metrics.rollout_metrics(played, prefix)},
-                    on_step=True,
-                    batch_size=len(played),
-                )
-                if (
-                    it.batch.plan.policy_tag == "A"
-                ):  # the progress bar: agent A's training success (RSPO's B logs rollout_b/*)
-                    self.log("success_A", won[0] / max(won[1], 1.0), prog_bar=True, on_step=True, logger=False)
-            values = metrics.iteration_metrics(it, self.algo.ppo_epochs)
-            values.update(
-                {
-                    "train/lr": self.lr_schedulers().optimizer.param_groups[0]["lr"],
-                    "iteration": float(self.iteration),
-                    "train/skipped_steps": float(self.skipped_steps),
-                }
-            )
-            if "train/policy_loss" in values:
-                self.log("train/policy_loss", values.pop("train/policy_loss"), prog_bar=True, on_step=True)
-            self.log_dict(values, on_step=True)
-            self.log("it", float(self.iteration), prog_bar=True, on_step=True, logger=False)
-        self.log_dict(
-            {
-                "rollout/env_errors": float(self.engine.env_errors),
-                "rollout/episodes_dropped": float(self.episodes_dropped),
-                "rollout/env_steps": float(self.env_steps),
-                "step": float(self.iteration),
-            },
-            on_step=True,
-        )  # Lightning's x-axis key: one point per RL iteration
-
     # -- checkpoint ----------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         save_counters(self, checkpoint)
-        version = getattr(self.logger, "version", None) if self._trainer is not None else None
-        if version is not None:  # the log folder a resumed fit continues in (cli.AgentCLI), as the logger names it
-            checkpoint["rspo_log_version"] = version if isinstance(version, str) else f"version_{version}"
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         load_counters(self, checkpoint)

@@ -20,6 +20,7 @@ the gradient of one process on the union of the ranks' minibatches (docs/algorit
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -29,6 +30,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from rspo_lightning import losses, partner_loss
+from rspo_lightning.advantages import AdvantageResult
 from rspo_lightning.config import AlgorithmConfig
 from rspo_lightning.distributed import all_sum, gather_values, lockstep, lockstep_count, world_size
 from rspo_lightning.logprobs import Forward
@@ -342,3 +344,34 @@ def critic_step(
     backward(loss * cfg.value_coef * len(mb) * world_size() / max(rows, 1.0))
     optimizer.step()
     return float(loss) if len(mb) else 0.0
+
+
+def with_advantages(batch: TrainBatch, result: AdvantageResult) -> TrainBatch:
+    """``batch`` with the estimator's advantages (returns, clip scales)."""
+    return dataclasses.replace(
+        batch,
+        advantages=result.advantages.float(),
+        **{
+            name: value.float()
+            for name, value in (("returns", result.returns), ("clip_scale", result.clip_scale))
+            if value is not None
+        },
+    )
+
+
+def trained_rows(batch: TrainBatch, algo: AlgorithmConfig, needs_critic: bool) -> TrainBatch:
+    """``batch`` less the rows of zero advantage under ``drop_zero_advantage`` (when no KL,
+    entropy or critic term needs them): a compute saving only, the loss's means still count
+    them (``Denominators``)."""
+    if algo.drop_zero_advantage and algo.kl_coef == 0 and algo.entropy_coef == 0 and not needs_critic:
+        batch = batch.select(torch.nonzero(batch.advantages != 0).flatten())
+    return batch
+
+
+def lightning_clip(module, flat_sharded: bool) -> Callable[[torch.optim.Optimizer, float], None]:
+    """``ppo_update``'s ``clip`` for a LightningModule: through Lightning (precision plugins and
+    strategies apply), or, under FSDP1 (whose norm clipping Lightning refuses), the root module's
+    clipping over all shards."""
+    if flat_sharded:
+        return lambda opt, norm: module.trainer.strategy.model.clip_grad_norm_(norm)
+    return lambda opt, norm: module.clip_gradients(opt, gradient_clip_val=norm, gradient_clip_algorithm="norm")

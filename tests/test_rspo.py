@@ -831,13 +831,13 @@ def test_signal_alpha_logged_is_the_hand_count_over_the_signal_carrying_rows(mon
     torch.manual_seed(0)
     m = _module()
     loop = _loop(k=1, offline_ratio=0.25, offline_weighting="signal")
-    original = AgentRLModule._with_advantages
+    original = update.with_advantages
 
     def patterned(batch, result):
         out = original(batch, result)
         return dataclasses.replace(out, advantages=(torch.arange(len(out)) % 3 - 1).float())
 
-    monkeypatch.setattr(AgentRLModule, "_with_advantages", staticmethod(patterned))
+    monkeypatch.setattr(update, "with_advantages", patterned)
     trained = _trained_batches(monkeypatch)
     rec = Recorder()
     _trainer([loop, rec], max_epochs=1).fit(m, _dm(ipe=3))  # explore, collect, exploit
@@ -948,3 +948,38 @@ def test_reuse_a_episodes_trains_b_first_on_a_s_last_exploit_episodes():
     assert [[t.action for t in e.turns] for e in again.a_last] == [[t.action for t in e.turns] for e in a_eps]
     with pytest.raises(ValueError, match="reuse_a_episodes with k=1 and collect_phase=False"):
         RSPOLoop(k=1, collect_phase=False, reuse_a_episodes=True)
+
+
+def test_a_small_rspo_loop_logs_exactly_what_the_code_before_issue_45_logged():
+    """Issue 45 moved D into the DataModule and made the plan frozen, "behaviour unchanged": every
+    logged scalar but ``perf/*`` of a small RSPO run (one loop, k = 2, group replay) equals the
+    trace the code before the move wrote (``tests/fixtures/rspo_loop_trace_before_issue45.json``,
+    ``benchmarks/scalar_trace.py`` at commit 53b8c36, one thread). Bitwise on the machine that wrote
+    it; 1e-6 relative here, in case another CPU's float kernels round differently."""
+    import importlib.util
+    import json
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("scalar_trace", os.path.join(root, "benchmarks", "scalar_trace.py"))
+    trace = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trace)
+    with open(os.path.join(root, "tests", "fixtures", "rspo_loop_trace_before_issue45.json")) as f:
+        before = json.load(f)
+    after = trace.run(
+        ["configs/compare/grpo_rspo.yaml", "configs/smoke.yaml"],
+        [
+            "--data.iterations_per_epoch=7",
+            "--data.groups_per_iteration=2",
+            "--data.group_size=4",
+            "--model.rollout.max_turns=4",
+            "--trainer.callbacks.init_args.k=2",
+            "--trainer.callbacks.init_args.replay_unit=group",
+        ],
+    )
+    assert sorted(after) == sorted(before)
+    assert any(tag.startswith("rspo/") for tag in after) and len(after["rollout/env_steps"]) == 7
+    for tag, points in before.items():
+        assert len(after[tag]) == len(points), tag
+        for (s0, v0), (s1, v1) in zip(points, after[tag]):
+            assert s0 == s1 and math.isclose(v0, v1, rel_tol=1e-6, abs_tol=1e-9), (tag, s0, v0, v1)
