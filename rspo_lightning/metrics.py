@@ -93,7 +93,7 @@ def replay_metrics(estimator_advantages: torch.Tensor, flat: FlatTurns) -> dict[
     """What the replayed rows carry (this rank, all replayed rows): their mean |advantage| (the
     estimator's, before an advantage-placed invalid-action penalty) and the fraction at exactly 0;
     empty without replayed rows. Their shares of the rows actually trained are
-    ``update.replay_diagnostics``."""
+    ``rspo.diagnostics.replay_diagnostics``."""
     rep = flat.is_replay
     if not bool(rep.any()):
         return {}
