@@ -169,8 +169,23 @@ class Run:
 
 
 def cb(name: str, value) -> str:
-    """An override of an RSPOLoop init arg (the config's first callback)."""
+    """An override of an RSPOLoop init arg (the config's first callback); a lever of
+    ``study_loop.StudyRSPOLoop`` (``STUDY_LEVERS``) makes ``fit_command`` switch the callback to it."""
     return f"--trainer.callbacks.{name}={value}"
+
+
+# RSPOLoop's variants the study measured, which live in study_loop.StudyRSPOLoop (issue 45)
+STUDY_LEVERS = frozenset(
+    "exploit_k dense_scale buffer_from collect_phase replay_slots explorer_lr_scale explorer_temperature "
+    "explorer_credit explorer_gamma explorer_resync_every reuse_a_episodes".split()
+)
+
+
+def loop_class(overrides) -> list[str]:
+    """``--trainer.callbacks.class_path=study_loop.StudyRSPOLoop`` when an override sets one of its
+    levers (the subclass keeps every RSPOLoop argument the config set), else nothing."""
+    names = {o.split("=", 1)[0].removeprefix("--trainer.callbacks.").removeprefix("init_args.") for o in overrides}
+    return ["--trainer.callbacks.class_path=study_loop.StudyRSPOLoop"] if names & STUDY_LEVERS else []
 
 
 def base(*overrides: str, config: str = "configs/compare/grpo.yaml") -> Run:
@@ -360,6 +375,7 @@ def fit_command(job: Job, out_runs, resume: bool = False) -> list[str]:
         f"--trainer.logger.init_args.save_dir={Path(out_runs).resolve()}",
         f"--trainer.logger.init_args.name={job.setting}/{job.run}/seed{job.seed}",
         "--trainer.logger.init_args.version=tb",
+        *loop_class(job.overrides),
         *job.overrides,  # before the callbacks below: `--trainer.callbacks.<arg>` overrides target RSPOLoop
         f"--trainer.callbacks+={json.dumps(budget)}",
         f"--trainer.callbacks+={json.dumps(history)}",

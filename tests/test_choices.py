@@ -15,7 +15,7 @@ def test_a_bad_choice_fails_the_parse_listing_the_choices(capsys):
 
     for key, bad, shown in [
         ("--model.algorithm.loss_agg", "token_mean", "'seq-mean-token-sum'"),
-        ("--trainer.callbacks.replay_slots", "wins", "'positive_repeat'"),
+        ("--trainer.callbacks.replay_unit", "turn", "'trajectory'"),
         ("--data.reward_mode", "shaped", "'outcome+dense'"),
     ]:
         config = "compare/grpo_rspo.yaml" if "callbacks" in key else "quickstart.yaml"
@@ -32,8 +32,8 @@ def test_python_callers_get_the_same_choices():
 
     with pytest.raises(ValueError, match=r"algorithm.loss_agg must be one of \['token-mean', .*\], got 'token_mean'"):
         AlgorithmConfig(loss_agg="token_mean")
-    with pytest.raises(ValueError, match=r"RSPOLoop buffer_from must be one of \['collect', 'explore\+collect'\]"):
-        RSPOLoop(buffer_from="all")
+    with pytest.raises(ValueError, match=r"RSPOLoop replay_from must be one of \['explorer', 'history', 'both'\]"):
+        RSPOLoop(replay_from="all")
     with pytest.raises(ValueError, match=r"replay slots must be one of \['signal', 'positive', 'positive_repeat'\]"):
         ReplayBuffer(slots="wins")
     assert choices.values(choices.ClipMode) == ("additive", "multiplicative")

@@ -2,6 +2,8 @@
 clip's centre, exact resume mid-B-phase, and reuse with a LightningModule that is not ours."""
 
 import math
+import os
+import sys
 
 import lightning.pytorch as pl
 import pytest
@@ -19,6 +21,12 @@ from rspo_lightning.rollout import RolloutConfig
 from rspo_lightning.rspo.buffer import replay_groups_per_rank
 from rspo_lightning.rspo.loop import RSPOLoop, repeat_visit_rate
 from rspo_lightning.types import IterationBatch, TaskSpec, Trajectory, Turn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from study_loop import StudyRSPOLoop  # noqa: E402  (the study's levers: a subclass, benchmarks/study_loop.py)
+
+LEVERS = {"exploit_k", "dense_scale", "buffer_from", "collect_phase", "replay_slots", "explorer_lr_scale"}
+LEVERS |= {"explorer_temperature", "explorer_credit", "explorer_gamma", "explorer_resync_every", "reuse_a_episodes"}
 
 ENV = EnvConfig(
     kwargs={
@@ -74,7 +82,7 @@ def _loop(**kw):
     model wins no episode here, so every group would otherwise be skipped (the skipping itself is
     tested on hand-built buffers)."""
     kw.setdefault("replay_unit", "group")
-    loop = RSPOLoop(**kw)
+    loop = (StudyRSPOLoop if LEVERS & set(kw) else RSPOLoop)(**kw)
     loop.buffer.skip_zero_advantage = False
     return loop
 
@@ -610,7 +618,7 @@ def test_explore_and_collect_rollouts_all_enter_d_with_their_behaviour_logprobs(
     was played and its advantage under A's estimator over its group."""
     torch.manual_seed(0)
     m = _module()
-    loop = RSPOLoop(k=2, offline_ratio=0.25, buffer_from="explore+collect")
+    loop = StudyRSPOLoop(k=2, offline_ratio=0.25, buffer_from="explore+collect")
     played = []
     original = m.collect
 
@@ -685,7 +693,7 @@ def test_exploit_k_gives_a_more_iterations_per_loop_than_b():
     assert [(r["tasks"], r["replay"]) for r in rec.rows if r["tag"] == "A"] == [(3, 1)] * 6
     assert loop.counts == {"a_iterations": 6, "b_iterations": 2, "collected_groups": 8, "loops": 2}
     with pytest.raises(ValueError, match="exploit_k must be >= 1"):
-        RSPOLoop(k=1, exploit_k=0)
+        StudyRSPOLoop(k=1, exploit_k=0)
 
 
 def test_positive_slots_take_only_wins_and_give_the_free_slots_back_to_online_groups():
@@ -694,7 +702,7 @@ def test_positive_slots_take_only_wins_and_give_the_free_slots_back_to_online_gr
     slots, so 15 of the 16 groups play on-policy (the other replay group's 8 slots go back
     online), and α becomes an upper bound: 1/8 x 3/16."""
     m = _module()
-    loop = RSPOLoop(offline_ratio=0.125, replay_slots="positive")
+    loop = StudyRSPOLoop(offline_ratio=0.125, replay_slots="positive")
     loop._advantages = m.outcome_advantages
     groups = [
         [_hand_traj(0, True)] + [_hand_traj(0, False) for _ in range(4)],
@@ -719,7 +727,7 @@ def test_positive_slots_take_only_wins_and_give_the_free_slots_back_to_online_gr
     signal._store([t for g in groups for t in g], count=True)
     assert sum(len(g) for g in signal.buffer.sample(16)) == 13
     # positive_repeat fills all 16 slots with the 3 wins, each drawn again only after all were drawn
-    repeat = RSPOLoop(offline_ratio=0.125, replay_slots="positive_repeat")
+    repeat = StudyRSPOLoop(offline_ratio=0.125, replay_slots="positive_repeat")
     repeat._advantages = m.outcome_advantages
     repeat._store([t for g in groups for t in g], count=True)
     wins = [t for g in repeat.buffer.sample(16) for t in g]
@@ -727,7 +735,7 @@ def test_positive_slots_take_only_wins_and_give_the_free_slots_back_to_online_gr
     assert sorted({t.task.group_id for t in wins}) == [0, 1, 2]
     assert sorted(sum(t.task.group_id == g for t in wins) for g in range(3)) == [5, 5, 6]
     with pytest.raises(ValueError, match="needs unit='trajectory'"):
-        RSPOLoop(replay_slots="positive", replay_unit="group")
+        StudyRSPOLoop(replay_slots="positive", replay_unit="group")
 
 
 def test_buffer_used_fraction_and_wins_by_hand():
@@ -947,7 +955,7 @@ def test_reuse_a_episodes_trains_b_first_on_a_s_last_exploit_episodes():
     again.load_state_dict(held.state_dict())
     assert [[t.action for t in e.turns] for e in again.a_last] == [[t.action for t in e.turns] for e in a_eps]
     with pytest.raises(ValueError, match="reuse_a_episodes with k=1 and collect_phase=False"):
-        RSPOLoop(k=1, collect_phase=False, reuse_a_episodes=True)
+        StudyRSPOLoop(k=1, collect_phase=False, reuse_a_episodes=True)
 
 
 def test_a_small_rspo_loop_logs_exactly_what_the_code_before_issue_45_logged():

@@ -6,11 +6,11 @@ One loop is ``2k + 1`` training batches (iterations); with ``k = 2`` the phases 
 
 - **explore** (k iterations): at the loop's first iteration agent A's trainable state is
   snapshotted (parameters, optimizer and scheduler states); the module's weights are now agent
-  B := A, trained on ``explorer_reward`` (``"dense"``: ``dense_scale`` x the dense reward alone,
-  the paper's RSPO; ``"outcome+dense"``; ``"outcome"``: the RSPO_O ablation).
+  B := A, trained on ``explorer_reward`` (``"dense"``: the dense reward alone, the paper's RSPO;
+  ``"outcome+dense"``; ``"outcome"``: the RSPO_O ablation).
 - **collect** (1 iteration, no update): B plays ``collect_groups`` task groups; every group
-  enters the replay buffer D with its reward **swapped back to the outcome reward** (the dense
-  reward of each stored turn is zeroed), B's behaviour log-probs, and each turn's advantage
+  enters the replay buffer D marked replayed, so that it trains on the **outcome reward** alone
+  (the reward swap, ``batching.flatten``), with B's behaviour log-probs, and each turn's advantage
   under A's estimator over the full collected group (``Turn.replay_advantage``, when the module
   offers ``outcome_advantages``); then A is restored bitwise.
 - **exploit** (k iterations): A trains on the outcome reward; each batch is (1 − α) fresh groups
@@ -22,8 +22,10 @@ One loop is ``2k + 1`` training batches (iterations); with ``k = 2`` the phases 
 
 Mixing rule (``replay_groups_per_rank``): of the iteration's ``G`` groups over all ranks,
 ``round_half_up(α·G)`` are replay groups, split over the ranks deterministically; e.g. G = 16,
-α = 1/8 gives exactly 2 on 1, 2 or 8 ranks. A replay-aware data module (``AgentDataModule``)
-composes the mix when the iteration starts; with any other data source the callback does it.
+α = 1/8 gives exactly 2 on 1, 2 or 8 ranks. The data module holds D and composes each
+iteration's batch from the loop's frozen ``IterationPlan`` when the iteration starts
+(``AgentDataModule.attach_replay`` / ``compose``); this callback decides the phase and plays
+B's collection, nothing else.
 
 Ablations: ``explorer_reward="outcome"`` is RSPO_O (B trained on the outcome reward);
 ``replay_from="history"`` is RSPO_H (no B: every iteration is an exploit iteration and D holds
@@ -32,15 +34,14 @@ A's own groups of the previous iterations, FIFO up to ``capacity``).
 Validation always measures A: if it runs while B is active, A is swapped in for it and B back
 afterwards.
 
-Reusable with any LightningModule that offers the ``RSPOAgent`` Protocol below and is fed
-``IterationBatch``-like batches (mutable ``tasks``, ``group_size``, ``replay``,
-``reward_mode``, ``policy_tag``); ``setup`` checks the Protocol and names what is missing.
+Reusable with any LightningModule that offers the ``RSPOAgent`` Protocol below and reads each
+``IterationBatch``'s ``plan``, with a data module that offers ``ReplayData``; ``setup`` checks
+both and names what is missing. Extended (explorer variants) by subclassing: see
+benchmarks/study_loop.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -49,7 +50,6 @@ import lightning.pytorch as pl
 
 from rspo_lightning import choices
 from rspo_lightning.metrics import repeat_visit_rate
-from rspo_lightning.rewards import assign_dense_rewards
 from rspo_lightning.rspo.buffer import ReplayBuffer
 from rspo_lightning.rspo.snapshot import (  # noqa: F401  (re-exported: the helpers any RSPOAgent can use)
     _optimizers,
@@ -58,7 +58,6 @@ from rspo_lightning.rspo.snapshot import (  # noqa: F401  (re-exported: the help
     restore_trainable,
     snapshot_trainable,
 )
-from rspo_lightning.trajectory_io import trajectory_from_dict, trajectory_to_dict
 from rspo_lightning.types import IterationPlan, ReplayWeight, Trajectory
 
 PHASE_CODE = {"explore": 0.0, "collect": 1.0, "exploit": 2.0}
@@ -162,24 +161,19 @@ def group_by_task(trajectories: Sequence[Trajectory]) -> list[list[Trajectory]]:
 
 
 class RSPOLoop(pl.Callback):
-    """The explore → collect → exploit loop of RSPO (arXiv 2607.04713).
+    """The explore → collect → exploit loop of RSPO (arXiv 2607.04713), and its ablations.
 
     Args:
-        k: iterations of B's exploration per loop, and of A's exploitation unless exploit_k
-            is set (paper: 3).
-        exploit_k: A's exploit iterations per loop when they differ from B's (None = k, the
-            paper). A larger value spends a smaller share of the environment steps on B: with
-            k = 1, a collect iteration and exploit_k = 3, A plays 3 of every 5 iterations.
+        k: iterations of B's exploration per loop, and of A's exploitation (paper: 3).
         offline_ratio: α, the share of A's groups taken from the replay buffer and the weight of
             the replay part of the loss (paper: 1/8).
         collect_groups: task groups B plays in the collect phase (None = all of the batch's).
         sampling: how D is sampled: ``reward`` (paper default), ``variance`` or ``random``.
         capacity: most groups D holds.
-        dense_reward: dense reward source for B (None = the module's ``dense_reward``).
-        explorer_reward: reward B trains on: ``dense`` (the dense reward alone: the paper's RSPO,
-            and the one that makes B measurably differ from A, docs/algorithms.md),
+        dense_reward: dense reward source for B (None = the module's ``dense_reward``; a
+            ``NoisyReward`` for the dense-reward noise σ ablation).
+        explorer_reward: reward B trains on: ``dense`` (the dense reward alone: the paper's RSPO),
             ``outcome+dense`` (reward shaping) or ``outcome`` (the RSPO_O ablation).
-        dense_scale: multiplier of the dense reward in B's reward.
         replay_from: ``explorer`` (RSPO), ``history`` (ablation RSPO_H: A's own past groups, no
             B) or ``both`` (B's trajectories plus A's own groups of the current and the previous
             loop's exploit iterations).
@@ -192,40 +186,15 @@ class RSPOLoop(pl.Callback):
         offline_weighting: ``alpha``: J = (1 − α) J_on + α J_off, each part the mean over the
             iteration's rows of its kind (the paper's J); ``tokens``: one pooled token-mean;
             ``signal`` (an adaptive α): the same J with α_t = the replayed rows' share of the
-            iteration's signal-carrying tokens (non-zero advantage), recomputed every iteration
-            (``update.iteration_alpha``; α still sets the replay slots). Logged as ``rspo/alpha``.
-        buffer_from: which of B's episodes enter D: ``collect`` (the collect iteration's; the
-            paper) or ``explore+collect`` (also every explore iteration's rollouts, relabelled
-            with the outcome reward, with their behaviour log-probs and their advantage under A's
-            estimator over their group).
-        collect_phase: False drops the separate collect iteration: the last explore iteration's
-            rollouts are the collection (a loop is then 2k iterations, and saves the collect
-            iteration's environment steps).
-        replay_slots: ``signal`` (any item with a non-zero stored advantage), ``positive`` (only
-            trajectories with a positive stored advantage; slots left unfilled go back to
-            on-policy groups, and the replay weight becomes α x filled / slots, so α is an upper
-            bound) or ``positive_repeat`` (positive trajectories drawn again until the slots are
-            full). ``positive*`` need ``replay_unit: trajectory``.
-        explorer_lr_scale: B's learning rate as a multiple of A's (A's schedule, scaled).
-        explorer_temperature: B's sampling temperature (None = the rollout's); B's update scores
-            its rows at the same temperature.
-        explorer_credit: how B's dense reward is credited: ``trajectory`` (the module's estimator
-            on the episode return: progress deltas telescope to the final progress) or ``turn``
-            (each turn's discounted dense return-to-go, normalised over its group's turns:
-            ``advantages.turn_return_advantages``, γ = ``explorer_gamma``).
-        explorer_gamma: discount of ``explorer_credit: turn``.
-        explorer_resync_every: B := A at the start of every n-th loop (1: every loop, the
-            paper). With n > 1 B persists in between: each loop's B starts from the previous
-            B's weights and optimizer state (A's snapshot is taken and restored as always).
-        reuse_a_episodes: B's first explore iteration of a loop trains on A's last exploit
-            iteration's episodes, rescored with B's dense reward, instead of playing new ones.
-            B_0 = A, so they are what B_0 would play, one A update older (the clipped ratio is
-            taken against their behaviour log-probs, which covers that update). Saves one
-            iteration's environment steps per loop (the first loop plays as usual). Those
-            episodes are not stored in D again, are not logged as ``rollout_b0/*`` (they are
-            A's, logged as ``rollout/*``) and keep the rollout's temperature.
+            iteration's signal-carrying tokens, recomputed every iteration
+            (``rspo.diagnostics.iteration_alpha``; α still sets the replay slots). Logged as ``rspo/alpha``.
         exploration_window: window of the repeated-anchor-visit metric.
         seed: seed of replay sampling.
+
+    The clip centre of replayed rows is the module's (``algorithm.clip_mode``, ``clip_max_centre``);
+    the fair end of a budgeted run is ``at_loop_end`` (``EnvStepBudget``). Variants of the loop
+    (B's learning rate, temperature, credit, a persistent B, ...) extend this class the way
+    benchmarks/study_loop.py does: override ``plan``, the hooks, ``loop_length``/``phase_of``.
     """
 
     restores_agent_a = True  # snapshot.agent_a_into_checkpoint: a fit with the loop restores A itself
@@ -233,34 +202,21 @@ class RSPOLoop(pl.Callback):
     def __init__(
         self,
         k: int = 3,
-        exploit_k: int | None = None,
         offline_ratio: float = 0.125,
         collect_groups: int | None = None,
         sampling: choices.Sampling = "reward",
         capacity: int = 256,
         dense_reward: Any = None,
         explorer_reward: choices.ExplorerReward = "dense",
-        dense_scale: float = 1.0,
         replay_from: choices.ReplayFrom = "explorer",
         replay_unit: choices.ReplayUnit = "trajectory",
         replay_baseline: choices.ReplayBaseline = "collected",
         offline_weighting: choices.OfflineWeighting = "alpha",
-        buffer_from: choices.BufferFrom = "collect",
-        collect_phase: bool = True,
-        replay_slots: choices.ReplaySlots = "signal",
-        explorer_lr_scale: float = 1.0,
-        explorer_temperature: float | None = None,
-        explorer_credit: choices.ExplorerCredit = "trajectory",
-        explorer_gamma: float = 0.9,
-        explorer_resync_every: int = 1,
-        reuse_a_episodes: bool = False,
         exploration_window: int = 4,
         seed: int = 0,
     ):
         if k < 1:
             raise ValueError(f"RSPOLoop k must be >= 1 (iterations per phase), got {k}")
-        if exploit_k is not None and exploit_k < 1:
-            raise ValueError(f"RSPOLoop exploit_k must be >= 1 or None (= k, the paper), got {exploit_k}")
         if not 0 <= offline_ratio < 1:
             raise ValueError(f"RSPOLoop offline_ratio must be in [0, 1), got {offline_ratio}; the paper uses 0.125")
         if collect_groups is not None and collect_groups < 1:
@@ -268,49 +224,14 @@ class RSPOLoop(pl.Callback):
                 f"RSPOLoop collect_groups must be >= 1 or None (all groups of the batch), got {collect_groups}"
             )
         choices.check("RSPOLoop explorer_reward", explorer_reward, choices.ExplorerReward, " ('outcome' = RSPO_O)")
-        if not (math.isfinite(dense_scale) and dense_scale > 0):
-            raise ValueError(f"RSPOLoop dense_scale must be a finite number > 0, got {dense_scale!r}")
         choices.check("RSPOLoop replay_from", replay_from, choices.ReplayFrom, " (history = RSPO_H)")
         choices.check("RSPOLoop replay_baseline", replay_baseline, choices.ReplayBaseline)
         choices.check("RSPOLoop offline_weighting", offline_weighting, choices.OfflineWeighting)
-        choices.check("RSPOLoop buffer_from", buffer_from, choices.BufferFrom)
-        if not (math.isfinite(explorer_lr_scale) and explorer_lr_scale > 0):
-            raise ValueError(f"RSPOLoop explorer_lr_scale must be a finite number > 0, got {explorer_lr_scale!r}")
-        if explorer_temperature is not None and not explorer_temperature > 0:
-            raise ValueError(
-                f"RSPOLoop explorer_temperature must be > 0 or None (the rollout's), got {explorer_temperature!r}"
-            )
-        choices.check("RSPOLoop explorer_credit", explorer_credit, choices.ExplorerCredit)
-        if not 0 <= explorer_gamma <= 1:
-            raise ValueError(f"RSPOLoop explorer_gamma must be in [0, 1], got {explorer_gamma!r}")
         if exploration_window < 1:
             raise ValueError(f"RSPOLoop exploration_window must be >= 1, got {exploration_window}")
-        if explorer_resync_every < 1:
-            raise ValueError(
-                f"RSPOLoop explorer_resync_every must be >= 1 (1 = B := A every loop), got {explorer_resync_every}"
-            )
-        if reuse_a_episodes and k == 1 and not collect_phase:
-            raise ValueError(
-                "RSPOLoop reuse_a_episodes with k=1 and collect_phase=False leaves B no episode of its own to "
-                "play: keep the collect phase (collect_phase=True) or use k >= 2"
-            )
-        if replay_slots != "signal" and replay_baseline == "online":
-            raise ValueError(
-                f"RSPOLoop replay_slots={replay_slots!r} picks trajectories by their stored advantage, which "
-                "replay_baseline='online' does not keep: use replay_baseline='collected'"
-            )
         self.k, self.offline_ratio, self.collect_groups = k, offline_ratio, collect_groups
-        self.exploit_k = k if exploit_k is None else exploit_k
         self.dense_reward, self.explorer_reward, self.replay_from = dense_reward, explorer_reward, replay_from
-        self.dense_scale, self.offline_weighting, self.replay_baseline = dense_scale, offline_weighting, replay_baseline
-        self.buffer_from, self.collect_phase, self.replay_slots = buffer_from, collect_phase, replay_slots
-        self.explorer_lr_scale, self.explorer_temperature = explorer_lr_scale, explorer_temperature
-        self.explorer_credit, self.explorer_gamma = explorer_credit, explorer_gamma
-        self.explorer_resync_every = explorer_resync_every
-        self.b_state: dict | None = None  # a persistent B's trainable state between its phases
-        self.reuse_a_episodes = reuse_a_episodes
-        self.a_last: list[Trajectory] = []  # A's last exploit episodes (reuse_a_episodes), this rank's
-        self._reused = False
+        self.offline_weighting, self.replay_baseline = offline_weighting, replay_baseline
         self.exploration_window = exploration_window
         # With the online baseline a replay's advantage is only known once A has played its task.
         self.buffer = ReplayBuffer(
@@ -319,7 +240,6 @@ class RSPOLoop(pl.Callback):
             seed=seed,
             unit=replay_unit,
             skip_zero_advantage=replay_baseline == "collected",
-            slots=replay_slots,
             join_online=replay_baseline == "online",
         )
         self.snapshot: dict | None = None  # agent A's trainable state while B trains
@@ -332,14 +252,14 @@ class RSPOLoop(pl.Callback):
     # -- schedule -------------------------------------------------------------------------
     @property
     def loop_length(self) -> int:
-        """Iterations of one loop: k explore (+ 1 collect) + exploit_k exploit."""
-        return self.k + (1 if self.collect_phase else 0) + self.exploit_k
+        """Iterations of one loop: k explore + 1 collect + k exploit."""
+        return 2 * self.k + 1
 
     def phase_of(self, iteration: int) -> str:
         if self.replay_from == "history":
             return "exploit"
         pos = iteration % self.loop_length
-        return "explore" if pos < self.k else "collect" if self.collect_phase and pos == self.k else "exploit"
+        return "explore" if pos < self.k else "collect" if pos == self.k else "exploit"
 
     def at_loop_end(self, iterations_done: int) -> bool:
         """Whether ``iterations_done`` iterations end a loop (A restored after a completed exploit
@@ -358,18 +278,7 @@ class RSPOLoop(pl.Callback):
         callback's ``on_train_batch_start``) and composes the batch with it."""
         phase = self.phase_of(iteration)
         if phase == "explore":
-            reused = self.reuse_a_episodes and iteration % self.loop_length == 0 and bool(self.a_last)
-            return IterationPlan(
-                phase,
-                "B",
-                self.explorer_reward,
-                self.dense_scale,
-                None if reused else self.explorer_temperature,  # A's episodes keep the rollout's temperature
-                self.replay_weight,
-                self.explorer_credit,
-                self.explorer_gamma,
-                episodes=tuple(self.a_last) if reused else None,
-            )
+            return IterationPlan(phase, "B", self.explorer_reward, replay_weight=self.replay_weight)
         if phase == "collect":
             return IterationPlan(phase, "B", "outcome", replay_weight=self.replay_weight)
         return IterationPlan(phase, "A", "outcome", replay_weight=self.replay_weight, replay_share=self.offline_ratio)
@@ -408,32 +317,13 @@ class RSPOLoop(pl.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         n, plan = pl_module.iteration, batch.plan
-        self._phase = phase = plan.phase
-        if phase == "explore":
-            if n % self.loop_length == 0:  # a new loop: clear D (A's own groups stay under `both`), B := A
-                self.buffer.retain(
-                    lambda g: (
-                        self.replay_from == "both" and g[0].policy_tag == "A" and g[0].iteration >= n - self.loop_length
-                    )
-                )
-                self.snapshot = pl_module.snapshot_trainable()
-                self.counts["loops"] += 1
-                if self.b_state is not None and (self.counts["loops"] - 1) % self.explorer_resync_every:
-                    pl_module.restore_trainable(self.b_state)  # a persistent B continues
-            if self.explorer_lr_scale != 1.0:  # B's rate: A's schedule, scaled (B's optimizer state is discarded)
-                scale_learning_rates(pl_module, self.explorer_lr_scale)
-            self._reused = plan.episodes is not None
-            if self._reused:
-                self.a_last = []
-        elif phase == "collect":
+        self._phase = plan.phase
+        if plan.phase == "explore" and n % self.loop_length == 0:
+            self.begin_loop(pl_module, n)
+        elif plan.phase == "collect":
             tasks = batch.tasks if self.collect_groups is None else batch.tasks[: self.collect_groups]
-            played = pl_module.collect(
-                tasks,
-                batch.group_size,
-                policy_tag="B",
-                purpose="rspo_collect",
-                **({"temperature": self.explorer_temperature} if self.explorer_temperature else {}),
-            )
+            temperature = {} if plan.temperature is None else {"temperature": plan.temperature}
+            played = pl_module.collect(tasks, batch.group_size, policy_tag="B", purpose="rspo_collect", **temperature)
             self._store(played, count=True)
             self.explored = played
             self._restore_a(pl_module)
@@ -441,27 +331,24 @@ class RSPOLoop(pl.Callback):
         played_n = len(batch.tasks) * batch.group_size if plan.updates and batch.played is None else 0
         self._replay_frac = replayed / max(replayed + played_n, 1)
 
-    def _rescored(self, pl_module, trajectories: Sequence[Trajectory]) -> list[Trajectory]:
-        """Copies of A's episodes (their turns too) carrying B's dense reward (``reuse_a_episodes``)."""
-        copies = [
-            dataclasses.replace(t, turns=[dataclasses.replace(turn, dense_reward=0.0) for turn in t.turns])
-            for t in trajectories
-        ]
-        estimator = getattr(pl_module, "estimator", None)
-        if self.explorer_reward != "outcome" or getattr(estimator, "needs_dense", False):
-            assign_dense_rewards(pl_module.dense_reward, copies)
-        return copies
+    def begin_loop(self, pl_module, n: int) -> None:
+        """A new loop at iteration ``n``: D cleared (A's own recent groups stay under
+        ``replay_from: both``), A's trainable state snapshotted, B := A."""
+        self.buffer.retain(
+            lambda g: self.replay_from == "both" and g[0].policy_tag == "A" and g[0].iteration >= n - self.loop_length
+        )
+        self.snapshot = pl_module.snapshot_trainable()
+        self.counts["loops"] += 1
 
     def _restore_a(self, pl_module) -> None:
         if self.snapshot is not None:
-            if self.explorer_resync_every > 1:
-                self.b_state = pl_module.snapshot_trainable()
             pl_module.restore_trainable(self.snapshot)
         self.snapshot = None
 
     def _store(self, trajectories: Sequence[Trajectory], count: bool) -> None:
-        """Add the groups to D (which keeps them with the outcome reward alone: the reward swap)
-        with each turn's advantage under A's estimator over its full group, at collection time."""
+        """Add the groups to D (marked replayed: they train on the outcome reward alone,
+        ``batching.flatten``) with each turn's advantage under A's estimator over its full group,
+        at collection time."""
         groups = [self.buffer.add_group(g) for g in group_by_task(trajectories)]
         if self._advantages is not None and groups:
             flat = [t for g in groups for t in g]
@@ -474,6 +361,10 @@ class RSPOLoop(pl.Callback):
                     turn.replay_advantage = float(a)
         self.counts["collected_groups"] += count * len(groups)
 
+    def explored_iteration(self, pl_module, played: list[Trajectory], j: int, values: dict, reused: bool) -> None:
+        """After B_j's explore iteration (``played``: its episodes; ``reused``: episodes played
+        earlier, not B's own); ``values`` are logged. The paper's loop stores nothing here."""
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         phase, n = self._phase, pl_module.iteration - 1  # the iteration just done
         values: dict[str, float] = {}
@@ -481,14 +372,10 @@ class RSPOLoop(pl.Callback):
         if phase == "explore":
             self.counts["b_iterations"] += 1
             j = n % self.loop_length  # which of B's explore iterations: B_j played, then was updated
-            if not self._reused:  # re-used episodes are A's, logged (rollout/*) and stored when A played them
+            reused = batch.played is not None  # episodes played earlier are logged as whoever played them
+            if not reused:
                 values.update(episode_metrics(played, f"rollout_b{j}", self.exploration_window))
-            last = j == self.k - 1
-            if not self._reused and (self.buffer_from == "explore+collect" or (last and not self.collect_phase)):
-                self._store(played, count=True)
-            if last and not self.collect_phase:  # the last explore iteration's episodes are the collection
-                values.update(episode_metrics(played, "rollout_collect", self.exploration_window))
-                self._restore_a(pl_module)
+            self.explored_iteration(pl_module, played, j, values, reused)
         elif phase == "collect":
             values.update(episode_metrics(self.explored, "rollout_collect", self.exploration_window))
         else:
@@ -496,8 +383,6 @@ class RSPOLoop(pl.Callback):
             if self.replay_from in ("history", "both"):
                 self._store(played, count=False)
             values["rspo/repeat_visits_A"] = repeat_visit_rate(played, self.exploration_window)
-            if self.reuse_a_episodes:
-                self.a_last = self._rescored(pl_module, played)
         pl_module.log_dict(
             {
                 **values,
@@ -514,7 +399,6 @@ class RSPOLoop(pl.Callback):
         )
         pl_module.log("phase", PHASE_CODE[phase], prog_bar=True, on_step=True, logger=False)
         self.explored = []
-        self._reused = False
 
     # -- validation always measures agent A -----------------------------------------------------
     def on_validation_start(self, trainer, pl_module) -> None:
@@ -530,17 +414,10 @@ class RSPOLoop(pl.Callback):
 
     # -- checkpoint -------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {  # D is saved by the data module that holds it (AgentDataModule.state_dict)
-            "snapshot": self.snapshot,
-            "counts": dict(self.counts),
-            "b_state": self.b_state,
-            "a_last": [trajectory_to_dict(t) for t in self.a_last],
-        }
+        return {"snapshot": self.snapshot, "counts": dict(self.counts)}  # D: the data module's state
 
     def load_state_dict(self, state: dict) -> None:
         if "buffer" in state:  # a checkpoint from before issue 45 kept D here: into the data module's D
             self.buffer.load_state_dict(state["buffer"])
         self.snapshot = state["snapshot"]
         self.counts = dict(state["counts"])
-        self.b_state = state.get("b_state")
-        self.a_last = [trajectory_from_dict(t) for t in state.get("a_last", [])]
