@@ -29,8 +29,8 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from rspo_lightning import runtime  # noqa: F401  (filters Lightning's notices for every command, SFT and PRM fits too)
-from rspo_lightning.callbacks import IterationProgressBar, TranscriptLogger
-from rspo_lightning.checkpointing import CheckpointError, IterationCheckpoint, load_checkpoint_file, other_checkpoints
+from rspo_lightning.callbacks import IterationCheckpoint, IterationProgressBar, TranscriptLogger
+from rspo_lightning.checkpointing import CheckpointError, load_checkpoint_file, other_checkpoints
 from rspo_lightning.runfiles import RunLock, RunLockedError
 
 DEFAULT_SAVE_DIR = "runs"  # the logger save_dir of every shipped config: replaced by --trainer.default_root_dir

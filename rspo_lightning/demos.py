@@ -11,7 +11,6 @@ Command line (write demos, and the tiny policy whose tokenizer produced their id
     python -m rspo_lightning.demos expert --config configs/quickstart.yaml \\
         --split train --num-tasks 200 --out demos.jsonl --policy-source tiny --save-policy tiny_policy
 
-(``python -m rspo_lightning.trajectory_io ...`` still works.)
 """
 
 from __future__ import annotations
@@ -225,9 +224,7 @@ def _rollouts_command(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m rspo_lightning.trajectory_io", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m rspo_lightning.demos", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = argparse.ArgumentParser(add_help=False)  # the options both commands share
     p.add_argument(

@@ -299,7 +299,7 @@ class ProcessRewardModule(pl.LightningModule):
             raise ValueError(
                 "ProcessRewardModule cannot build model.policy.source: tiny: the tiny word-level tokenizer is trained on a "
                 "corpus, and the trajectories' token ids only mean something under the tokenizer that wrote them. Set "
-                "model.policy.source to the directory that tokenizer was saved in (`python -m rspo_lightning.trajectory_io "
+                "model.policy.source to the directory that tokenizer was saved in (`python -m rspo_lightning.demos "
                 "expert --save-policy DIR ...`, or the RL run's exported policy)"
             )
         backbone, tokenizer = load_policy(

@@ -4,12 +4,11 @@ fails at startup naming the value and the fix, never mid-run."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from lightning.pytorch.strategies import DDPStrategy
 
 from rspo_lightning import memory
-from rspo_lightning.checkpointing import IterationCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +149,13 @@ def check_memory(module: Any, dm: Any, available: int | None = None, rspo_snapsh
     )
 
 
+@runtime_checkable
+class CountsIterations(Protocol):
+    """A checkpoint callback that counts RL iterations, not optimizer steps (``IterationCheckpoint``)."""
+
+    every_n_iterations: int
+
+
 def check_step_knobs(trainer: Any) -> None:
     """Lightning's step counters count optimizer steps (several per RL iteration, none in some):
     refuse the knobs that would silently mean something else than iterations."""
@@ -160,9 +166,9 @@ def check_step_knobs(trainer: Any) -> None:
             f"data.iterations_per_epoch x trainer.max_epochs (or the EnvStepBudget callback), and leave max_steps at -1"
         )
     for cb in trainer.checkpoint_callbacks:
-        if getattr(cb, "_every_n_train_steps", 0) and not isinstance(cb, IterationCheckpoint):
+        if getattr(cb, "_every_n_train_steps", 0) and not isinstance(cb, CountsIterations):
             raise ValueError(
                 f"ModelCheckpoint(every_n_train_steps={cb._every_n_train_steps}) counts optimizer steps, not RL iterations; "
-                "use rspo_lightning.checkpointing.IterationCheckpoint(every_n_iterations=N) (the CLI's checkpoint.every_n_iterations) "
+                "use rspo_lightning.callbacks.IterationCheckpoint(every_n_iterations=N) (the CLI's checkpoint.every_n_iterations) "
                 "or every_n_epochs (an epoch is data.iterations_per_epoch iterations)"
             )

@@ -137,7 +137,7 @@ def load_trajectories(path: str) -> list[Trajectory]:
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"trajectory file {path!r} does not exist; write one with rspo_lightning.trajectory_io.save_trajectories "
-            f"or `python -m rspo_lightning.trajectory_io expert ... --out {path}`"
+            f"or `python -m rspo_lightning.demos expert ... --out {path}`"
         )
     out: list[Trajectory] = []
     with open(path, encoding="utf-8") as f:
@@ -149,20 +149,3 @@ def load_trajectories(path: str) -> list[Trajectory]:
             except (ValueError, TypeError, KeyError) as e:  # JSONDecodeError is a ValueError
                 raise ValueError(f"{path}:{lineno}: not a valid trajectory line: {e}") from e
     return out
-
-
-def __getattr__(name: str):
-    """``expert_demonstrations`` and ``main`` moved to ``rspo_lightning.demos``: still importable from here."""
-    if name in ("expert_demonstrations", "main"):
-        from rspo_lightning import demos
-
-        return getattr(demos, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-if __name__ == "__main__":  # the old command line, python -m rspo_lightning.trajectory_io expert|rollouts
-    import sys
-
-    from rspo_lightning.demos import main
-
-    main(sys.argv[1:])

@@ -10,7 +10,8 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from rspo_lightning.checkpointing import CheckpointError, IterationCheckpoint
+from rspo_lightning.callbacks import IterationCheckpoint
+from rspo_lightning.checkpointing import CheckpointError
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, LoraSettings, OptimConfig, PolicyConfig
 from rspo_lightning.datamodules import AgentDataModule
 from rspo_lightning.export import export, main

@@ -541,7 +541,7 @@ def test_default_replay_draws_only_trajectories_that_carry_advantage():
 
 
 def test_validate_and_predict_of_a_mid_b_checkpoint_measure_agent_a(tmp_path):
-    from rspo_lightning.checkpointing import IterationCheckpoint
+    from rspo_lightning.callbacks import IterationCheckpoint
     from rspo_lightning.trajectory_io import load_trajectories
 
     torch.manual_seed(0)

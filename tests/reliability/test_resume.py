@@ -6,8 +6,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from rspo_lightning.callbacks import RSPOLoop
-from rspo_lightning.checkpointing import IterationCheckpoint
+from rspo_lightning.callbacks import IterationCheckpoint, RSPOLoop
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.datamodules import AgentDataModule
 from rspo_lightning.language_model import TinyModelConfig

@@ -5,7 +5,7 @@ import lightning.pytorch as pl
 import torch
 from conftest import EASY_ENV, HEAD32
 
-from rspo_lightning.checkpointing import IterationCheckpoint
+from rspo_lightning.callbacks import IterationCheckpoint
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, PolicyConfig
 from rspo_lightning.datamodules import AgentDataModule
 from rspo_lightning.export import export
