@@ -11,7 +11,6 @@ from typing import Any
 
 from rspo_lightning import choices
 from rspo_lightning.advantages import ESTIMATORS, GROUP_RELATIVE, RENAMED_KWARGS, check_estimator_kwargs  # noqa: F401  (GROUP_RELATIVE re-exported)
-from rspo_lightning.language_model import TinyModelConfig
 from rspo_lightning.serialization import checkpoint_safe
 
 #: Every registered estimator name (``rspo_lightning.advantages.ESTIMATORS``, whose keys are
@@ -39,6 +38,38 @@ def _as_dataclass(value: Any, cls: type, name: str) -> Any:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"{name}: unknown key {key!r}{hint}; {cls.__name__} accepts {accepted}")
     return cls(**value)
+
+
+@checkpoint_safe
+@dataclass
+class TinyModelConfig:
+    """Shape of the in-process tiny Llama (``load_policy("tiny")``).
+
+    Args:
+        hidden_size: width of the residual stream (embedding size).
+        num_layers: number of decoder layers.
+        num_heads: attention heads per layer (also the number of key/value heads);
+            must divide ``hidden_size``.
+        intermediate_size: width of the SwiGLU MLP.
+        max_position_embeddings: longest sequence (prompt + response) in tokens.
+        seed: seed of the weight initialisation; the same seed gives the same weights.
+        tie_embeddings: share the input embedding with the output layer (the default, as in
+            small Llamas); ``False`` gives the output layer its own matrix.
+        copy_init: start every attention layer's value and output projections at the identity,
+            so that attending to a word adds that word's (normed) embedding to the stream, which
+            the tied output layer reads as that word: a copy path from the first update, leaving
+            only the attention pattern to learn (a pretrained model has such heads already).
+            Needs ``tie_embeddings`` to copy into the output.
+    """
+
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 256
+    max_position_embeddings: int = 1024
+    seed: int = 0
+    tie_embeddings: bool = True
+    copy_init: bool = False
 
 
 @checkpoint_safe

@@ -21,7 +21,6 @@ import os
 import tempfile
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -35,7 +34,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from rspo_lightning.serialization import checkpoint_safe, renamed
+from rspo_lightning.config import TinyModelConfig
+from rspo_lightning.serialization import renamed
 
 # Special tokens of the tiny preset. Roles are single tokens so a chat prompt costs 3 tokens
 # of overhead per message.
@@ -69,39 +69,9 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_ALIAS = "tiny"
 
 
-@checkpoint_safe
-@dataclass
-class TinyModelConfig:
-    """Shape of the in-process tiny Llama (``load_policy("tiny")``).
-
-    Args:
-        hidden_size: width of the residual stream (embedding size).
-        num_layers: number of decoder layers.
-        num_heads: attention heads per layer (also the number of key/value heads);
-            must divide ``hidden_size``.
-        intermediate_size: width of the SwiGLU MLP.
-        max_position_embeddings: longest sequence (prompt + response) in tokens.
-        seed: seed of the weight initialisation; the same seed gives the same weights.
-        tie_embeddings: share the input embedding with the output layer (the default, as in
-            small Llamas); ``False`` gives the output layer its own matrix.
-        copy_init: start every attention layer's value and output projections at the identity,
-            so that attending to a word adds that word's (normed) embedding to the stream, which
-            the tied output layer reads as that word: a copy path from the first update, leaving
-            only the attention pattern to learn (a pretrained model has such heads already).
-            Needs ``tie_embeddings`` to copy into the output.
-    """
-
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    intermediate_size: int = 256
-    max_position_embeddings: int = 1024
-    seed: int = 0
-    tie_embeddings: bool = True
-    copy_init: bool = False
-
-
+# TinyModelConfig lives in config.py (no transformers there); old checkpoints name it by its former homes
 renamed(TinyModelConfig, "rspo_lightning.policy.TinyModelConfig")  # this module was policy.py
+renamed(TinyModelConfig, "rspo_lightning.language_model.TinyModelConfig")  # before issue 45
 
 
 def load_policy(

@@ -102,3 +102,11 @@ def test_rspo_sits_below_the_module_and_the_cli():
                 d for d in deps if d in ("rspo_lightning.module", "rspo_lightning.cli") or ".datamodules" in d
             )
             assert not above, f"{name} imports {above}"
+
+
+def test_the_config_classes_import_no_transformers():
+    """``config.py`` (every config dataclass a module takes) loads without transformers: the tiny
+    model's config lives there, not in the transformers-backed ``language_model``."""
+    graph, _ = _graph()
+    deps = graph["rspo_lightning.config"]
+    assert not {d for d in deps if d.split(".")[0] == "transformers" or d == "rspo_lightning.language_model"}
