@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from rspo_lightning.rewards import StatefulReward
 from rspo_lightning.runfiles import file_error_message, remove_stale_temps
 
 log = logging.getLogger(__name__)
@@ -197,7 +198,7 @@ def save_counters(module: Any, checkpoint: dict) -> None:
     the logger's version."""
     checkpoint.update({f"rspo_{name}": getattr(module, name) for name in COUNTERS})
     checkpoint["rspo_env_errors"] = module.engine.env_errors if module.engine is not None else 0
-    if hasattr(module.dense_reward, "state_dict"):
+    if isinstance(module.dense_reward, StatefulReward):
         checkpoint["rspo_dense_reward"] = module.dense_reward.state_dict()
     version = getattr(module.logger, "version", None) if module._trainer is not None else None
     if version is not None:  # the log folder a resumed fit continues in (cli.AgentCLI), as the logger names it
@@ -213,5 +214,5 @@ def load_counters(module: Any, checkpoint: dict) -> None:
     for name in COUNTERS:
         setattr(module, name, int(checkpoint.get(f"rspo_{name}", 0)))
     module._restored_env_errors = int(checkpoint.get("rspo_env_errors", 0))
-    if "rspo_dense_reward" in checkpoint and hasattr(module.dense_reward, "load_state_dict"):
+    if "rspo_dense_reward" in checkpoint and isinstance(module.dense_reward, StatefulReward):
         module.dense_reward.load_state_dict(checkpoint["rspo_dense_reward"])

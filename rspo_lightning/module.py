@@ -27,7 +27,7 @@ from rspo_lightning.critic import CriticConfig
 from rspo_lightning.distributed import all_sum, is_sharded, lockstep_count
 from rspo_lightning.envs import make_env
 from rspo_lightning.evaluation import HeldOutEpisodes
-from rspo_lightning.rewards import DenseReward, assign_dense_rewards
+from rspo_lightning.rewards import DenseReward, ReadsTokenIds, assign_dense_rewards
 from rspo_lightning.rollout import RolloutConfig
 from rspo_lightning.rspo import snapshot as agent_snapshot
 from rspo_lightning.rspo.diagnostics import iteration_alpha, replay_diagnostics, replay_distance
@@ -133,9 +133,8 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         self.configure_model()
         strategy = self.trainer.strategy
         check_run(self, self.trainer)
-        check = getattr(self.dense_reward, "check_tokenizer", None)  # a learned reward reads the policy's token ids
-        if check is not None:
-            check(self.tokenizer)
+        if isinstance(self.dense_reward, ReadsTokenIds):  # a learned reward reads the policy's token ids
+            self.dense_reward.check_tokenizer(self.tokenizer)
         if self.trainer.world_size > 1:  # every rank makes as many generate calls and turns as the busiest
             self.engine.lockstep = lambda calls: lockstep_count(calls, self.device)
             self.engine.synced_gpus = is_sharded(strategy)

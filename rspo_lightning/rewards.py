@@ -37,6 +37,23 @@ class DenseReward(Protocol):
         ...
 
 
+@runtime_checkable
+class ReadsTokenIds(Protocol):
+    """A dense reward that reads the policy's token ids (a learned one): checked against the
+    policy's tokenizer at setup."""
+
+    def check_tokenizer(self, tokenizer) -> None: ...
+
+
+@runtime_checkable
+class StatefulReward(Protocol):
+    """A dense reward with state a checkpoint keeps (e.g. ``NoveltyBonus``'s visit counts)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
 def assign_dense_rewards(source: DenseReward, trajectories: Sequence[Trajectory]) -> None:
     """Write ``source``'s per-turn rewards into ``turn.dense_reward`` of every turn."""
     for traj in trajectories:
