@@ -619,6 +619,8 @@ ESTIMATORS: dict[str, Estimator] = {
         proxmo_advantages, ("anchors", "success"), group_relative=True, needs_critic=False, needs_dense=False
     ),
     "a2tgpo": Estimator(a2tgpo_advantages, ("signals",), group_relative=True, needs_critic=False, needs_dense=True),
+    # each turn's discounted return-to-go normalised over its group (RSPO's explorer credit: turn)
+    "turn_return": Estimator(turn_return_advantages, (), group_relative=True, needs_critic=False, needs_dense=False),
 }
 if set(ESTIMATORS) != set(choices.values(choices.Estimator)):  # the config's type lists exactly these
     raise ImportError(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 # -- the update (config.AlgorithmConfig, losses.py) ---------------------------------------------
-Estimator = Literal["grpo", "rloo", "gae", "gigpo", "proxmo", "a2tgpo"]  # advantages.ESTIMATORS' keys
+Estimator = Literal["grpo", "rloo", "gae", "gigpo", "proxmo", "a2tgpo", "turn_return"]  # advantages.ESTIMATORS' keys
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 KlEstimator = Literal["k1", "k3", "low_var_kl"]
 ClipMode = Literal["additive", "multiplicative"]  # the generalised clip's bounds around its centre

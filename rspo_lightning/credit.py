@@ -9,12 +9,13 @@ groups (docs/design.md §3, "advantage").
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from rspo_lightning.advantages import AdvantageResult, get_estimator, turn_return_advantages
+from rspo_lightning.advantages import AdvantageResult, get_estimator
 from rspo_lightning.batching import FlatTurns, flatten
 from rspo_lightning.config import AlgorithmConfig
 from rspo_lightning.types import Trajectory
@@ -72,15 +73,10 @@ def turn_advantages(
     """
     if not flat.turns:  # a rank with nothing of its own
         return AdvantageResult(torch.zeros(0)), torch.zeros(0)
-    if credit == "turn":
-        rewards = flat.rewards - (
-            algo.invalid_action_penalty * flat.invalid.to(flat.rewards.dtype) if algo.penalty_at == "reward" else 0
-        )
-        result = turn_return_advantages(
-            rewards, flat.traj_index, flat.group_index, flat.turn_index, gamma, algo.estimator_kwargs.get("norm", "std")
-        )
-    else:
-        result = _estimate(flat, algo, values)
+    if credit == "turn":  # the registered turn_return estimator, with the learner's norm and the given discount
+        norm = algo.estimator_kwargs.get("norm", "std")
+        algo = dataclasses.replace(algo, estimator="turn_return", estimator_kwargs={"gamma": gamma, "norm": norm})
+    result = _estimate(flat, algo, values)
     advantages = result.advantages
     if bool(flat.is_replay.any()):
         stored = [t.replay_advantage for t in flat.turns]

@@ -490,12 +490,12 @@ def test_a2tgpo_mean_norm_changes_only_episode_term():
 
 
 def test_registry_and_compute_advantages():
-    assert set(ESTIMATORS) == {"grpo", "rloo", "gae", "gigpo", "proxmo", "a2tgpo"}
+    assert set(ESTIMATORS) == {"grpo", "rloo", "gae", "gigpo", "proxmo", "a2tgpo", "turn_return"}
     r, ti, gi, tu, _ = flat(TWO_GROUPS)
     out = compute_advantages("rloo", rewards=r, traj_index=ti, group_index=gi, turn_index=tu)
     assert isinstance(out, AdvantageResult) and out.returns is None and out.clip_scale is None
     check(out.advantages, broadcast([0.75, -0.75, 0.0, 2.0, -2.0], LENGTHS))
-    with pytest.raises(ValueError, match="'ppo'.*a2tgpo.*gae.*gigpo.*grpo.*proxmo.*rloo"):
+    with pytest.raises(ValueError, match="'ppo'.*a2tgpo.*gae.*gigpo.*grpo.*proxmo.*rloo.*turn_return"):
         compute_advantages("ppo", rewards=r)
 
 
@@ -590,10 +590,12 @@ def test_registry_declares_each_estimators_contract():
         "gigpo": (("anchors",), True, False, False),
         "proxmo": (("anchors", "success"), True, False, False),
         "a2tgpo": (("signals",), True, False, True),
+        "turn_return": ((), True, False, False),
     }
     got = {n: (e.inputs, e.group_relative, e.needs_critic, e.needs_dense) for n, e in ESTIMATORS.items()}
     assert got == expected
-    assert GROUP_RELATIVE == {"grpo", "rloo", "gigpo", "proxmo", "a2tgpo"}
+    assert GROUP_RELATIVE == {"grpo", "rloo", "gigpo", "proxmo", "a2tgpo", "turn_return"}
+    assert ESTIMATORS["turn_return"].tunables == ["gamma", "norm"]
     assert ESTIMATORS["a2tgpo"].tunables == [
         "adaptive_clip",
         "beta",

@@ -99,5 +99,5 @@ def test_penalty_at_defaults_to_the_advantage_and_is_validated():
 def test_known_and_group_relative_estimators_come_from_the_registry():
     from rspo_lightning.config import GROUP_RELATIVE, KNOWN_ESTIMATORS
 
-    assert KNOWN_ESTIMATORS == {"grpo", "rloo", "gae", "gigpo", "proxmo", "a2tgpo"}
+    assert KNOWN_ESTIMATORS == {"grpo", "rloo", "gae", "gigpo", "proxmo", "a2tgpo", "turn_return"}
     assert GROUP_RELATIVE == KNOWN_ESTIMATORS - {"gae"}
