@@ -200,7 +200,8 @@ def save_counters(module: Any, checkpoint: dict) -> None:
     checkpoint["rspo_env_errors"] = module.engine.env_errors if module.engine is not None else 0
     if isinstance(module.dense_reward, StatefulReward):
         checkpoint["rspo_dense_reward"] = module.dense_reward.state_dict()
-    version = getattr(module.logger, "version", None) if module._trainer is not None else None
+    logger = module.logger if module._trainer is not None else None  # Lightning's Logger: every one has a version
+    version = logger.version if logger is not None else None
     if version is not None:  # the log folder a resumed fit continues in (cli.AgentCLI), as the logger names it
         checkpoint["rspo_log_version"] = version if isinstance(version, str) else f"version_{version}"
 
