@@ -18,7 +18,7 @@ def test_each_bad_value_names_its_field_and_the_fix(tmp_path):
     cases = [
         (
             lambda: AlgorithmConfig(estimator="ppo"),
-            r"algorithm.estimator must be one of \['grpo', 'rloo', 'gae', 'gigpo', 'proxmo', 'a2tgpo'\], got 'ppo'",
+            r"algorithm.estimator must be one of \['grpo', 'rloo', 'gae', 'gigpo', 'proxmo', 'a2tgpo', 'turn_return'\], got 'ppo'",
         ),
         (lambda: AlgorithmConfig(kl_coef=-0.1), "algorithm.kl_coef must be >= 0.*use 0 to disable"),
         (

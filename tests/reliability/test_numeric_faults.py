@@ -69,7 +69,7 @@ def test_a2tgpo_all_equal_signals_leave_the_clip_as_configured():
             group_index=GROUP,
             turn_index=TURN,
             signals=torch.full((12,), 0.5),
-            clip_mode=mode,
+            adaptive_clip=mode,
         )
         assert (out.clip_scale == 1).all()
 
