@@ -10,7 +10,10 @@ from rspo_lightning import logprobs, update
 from rspo_lightning.batching import flatten, make_train_batch
 from rspo_lightning.config import AlgorithmConfig
 from rspo_lightning.logprobs import Forward
-from rspo_lightning.types import TaskSpec, TrainBatch, Trajectory
+from rspo_lightning.rspo import diagnostics
+from rspo_lightning.types import ReplayWeight, TaskSpec, TrainBatch, Trajectory
+
+SIGNAL = ReplayWeight("signal")  # α from the replay's share of the signal-carrying tokens
 
 T = 4  # response window of the hand batch
 
@@ -156,24 +159,24 @@ def test_replay_diagnostics_against_a_hand_count():
     rows = _hand_batch(4, 4, 2)  # lengths 1, 2, 3, 4 | 1, 2 (row i has 1 + i % 4 tokens)
     rows.advantages[:] = torch.tensor([1.0, -2.0, 0.5, 0.0, -1.0, 3.0])
     den = update.Denominators(on=20.0, off=3.0, rows=9.0)  # the iteration's counts, dropped rows included
-    d = update.replay_diagnostics(rows, den, 0.125, "token-mean")
+    d = diagnostics.replay_diagnostics(rows, den, 0.125, "token-mean")
     assert d["rspo/replay_token_share"] == pytest.approx(3 / 13)  # replay tokens 1 + 2 of 1+2+3+4+1+2
     # advantage mass: on-policy w = 0.875/20 per token: (1·1 + 2·2 + 0.5·3 + 0) · 0.875/20; replay w = 0.125/3:
     on_mass, rep_mass = (1 + 4 + 1.5) * 0.875 / 20, (1 * 1 + 3 * 2) * 0.125 / 3
     assert d["rspo/replay_loss_share"] == pytest.approx(rep_mass / (on_mass + rep_mass))
     assert d["rspo/replay_win_share"] == pytest.approx(0.5)
-    assert update.replay_diagnostics(rows.select(torch.arange(4)), den, 0.125, "token-mean") == {}
+    assert diagnostics.replay_diagnostics(rows.select(torch.arange(4)), den, 0.125, "token-mean") == {}
     # the behaviour policy's distance from A on the replayed tokens: log π_b − log π_A of
     # +0.5 (row 4's one token), +0.1 and −0.3 (row 5's two); an on-policy row's +2.0 does not count
     rows.behaviour_logprobs[0, T - 1] += 2.0
     rows.behaviour_logprobs[4, T - 1] += 0.5
     rows.behaviour_logprobs[5, T - 2] += 0.1
     rows.behaviour_logprobs[5, T - 1] -= 0.3
-    d = update.replay_distance(rows)
+    d = diagnostics.replay_distance(rows)
     assert d["rspo/replay_log_ratio"] == pytest.approx((0.5 + 0.1 - 0.3) / 3)
     # ratio π_A / π_b outside [0.8, 1.25]: e^-0.5 = 0.61 and e^0.3 = 1.35 are, e^-0.1 = 0.90 is not
     assert d["rspo/replay_ratio_out"] == pytest.approx(2 / 3)
-    assert update.replay_distance(rows.select(torch.arange(4))) == {}
+    assert diagnostics.replay_distance(rows.select(torch.arange(4))) == {}
 
 
 def test_signal_alpha_is_the_replays_share_of_the_signal_carrying_tokens():
@@ -182,14 +185,14 @@ def test_signal_alpha_is_the_replays_share_of_the_signal_carrying_tokens():
     α = 1 / 6 under token-mean; by rows 2 and 1: α = 1 / 3. Fixed numbers and None pass through."""
     rows = _hand_batch(4, 4, 2)
     rows.advantages[:] = torch.tensor([1.0, 0.0, 0.0, -2.0, 3.0, 0.0])
-    assert update.iteration_alpha(update.SIGNAL, rows, "token-mean") == pytest.approx(1 / 6)
-    assert update.iteration_alpha(update.SIGNAL, rows, "seq-mean-token-mean") == pytest.approx(1 / 3)
+    assert diagnostics.iteration_alpha(SIGNAL, rows, "token-mean") == pytest.approx(1 / 6)
+    assert diagnostics.iteration_alpha(SIGNAL, rows, "seq-mean-token-mean") == pytest.approx(1 / 3)
     rows.advantages[4] = 0.0  # the replay carries no signal: J is J_on alone
-    assert update.iteration_alpha(update.SIGNAL, rows, "token-mean") == 0.0
+    assert diagnostics.iteration_alpha(SIGNAL, rows, "token-mean") == 0.0
     rows.advantages[:] = 0.0
-    assert update.iteration_alpha(update.SIGNAL, rows, "token-mean") == 0.0
-    assert update.iteration_alpha(0.125, rows, "token-mean") == 0.125
-    assert update.iteration_alpha(None, rows, "token-mean") is None
+    assert diagnostics.iteration_alpha(SIGNAL, rows, "token-mean") == 0.0
+    assert diagnostics.iteration_alpha(ReplayWeight("alpha", 0.125), rows, "token-mean") == 0.125
+    assert diagnostics.iteration_alpha(ReplayWeight("tokens"), rows, "token-mean") is None
 
 
 # -- the update through a real tiny module (moved from test_module.py / test_rspo.py) ----------
