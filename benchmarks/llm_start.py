@@ -4,6 +4,8 @@ valid_unseen), each success rate with its 95 % Wilson interval.
 
     python benchmarks/llm_start.py                               # both, 256 + 256 tasks, 1 thread
     python benchmarks/llm_start.py --only random --tasks 512
+    .nox/vllm/bin/python benchmarks/llm_start.py --tasks 64 --env num_receptacles=2 \
+        --extra=--model.rollout.backend=vllm --record docs/data/llm_study/start_r2.json   # an easier setting
 
 The policy is validated by ``rspo-lightning validate`` of the config (its ``val_temperature``,
 ``--seed_everything``); the record (JSON) names the command, the machine and the wall time.
@@ -84,7 +86,7 @@ def summary(wins: int, n: int, progress: float | None = None) -> dict:
     return {"wins": wins, "n": n, "success_rate": wins / n, "wilson95": [low, high], "progress": progress}
 
 
-def policy(config: str, tasks: int, seed: int, threads: int, out: str) -> dict:
+def policy(config: str, tasks: int, seed: int, threads: int, out: str, extra: list[str] = ()) -> dict:
     """``rspo-lightning validate`` of the untrained policy; success per split from its logged metrics."""
     cmd = [
         sys.executable,
@@ -98,6 +100,7 @@ def policy(config: str, tasks: int, seed: int, threads: int, out: str) -> dict:
         "--trainer.enable_progress_bar=false",
         f"--trainer.logger.init_args.save_dir={out}",
         "--trainer.logger.init_args.name=start",
+        *extra,
     ]
     env = thread_env(threads)
     t0 = time.time()
@@ -126,16 +129,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--only", choices=["random", "policy"], default=None)
     p.add_argument("--record", default="docs/data/llm_study/start.json")
+    p.add_argument(
+        "--env", nargs="*", default=[], metavar="KEY=VALUE", help="env kwargs over the config's (JSON values)"
+    )
+    p.add_argument("--extra", action="append", default=[], help="a CLI override for the policy's validate run")
     args = p.parse_args(argv)
+    changes = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.env)}
+    kwargs = {**env_kwargs(args.config), **changes}
+    extra = [*args.extra, *([f"--data.env.kwargs={json.dumps(kwargs)}"] if changes else [])]
     record_path = ROOT / args.record
     record = json.loads(record_path.read_text()) if record_path.exists() else {}
     record.update({"config": args.config, "tasks_per_split": args.tasks, "seed": args.seed, "machine": machine()})
+    record.update({"env_kwargs": kwargs, "extra": extra})
     if args.only in (None, "random"):
-        record["random"] = random_policy(env_kwargs(args.config), args.tasks, args.seed)
+        record["random"] = random_policy(kwargs, args.tasks, args.seed)
         print("random", json.dumps(record["random"]), flush=True)
     if args.only in (None, "policy"):
         record["untrained"] = policy(
-            args.config, args.tasks, args.seed, args.threads, tempfile.mkdtemp(prefix="llm_start_")
+            args.config, args.tasks, args.seed, args.threads, tempfile.mkdtemp(prefix="llm_start_"), extra
         )
         print("untrained", json.dumps({s: record["untrained"][s] for s in SPLITS}), flush=True)
     record_path.parent.mkdir(parents=True, exist_ok=True)

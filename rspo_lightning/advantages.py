@@ -356,8 +356,10 @@ def gigpo_advantages(
     A^S_t = (R_t - mean over the step group) / F with R_t the gamma-discounted return-to-go.
     Deviation: a singleton step group (and a singleton episode group) gives 0; the released code
     gives A^E = R(tau) for a group of one trajectory. ``step_penalty`` ``[N]`` (with
-    ``episode_stats="steps"``, verl-agent's placement): off the step sample's own episode score
-    (as in ``grpo_advantages``) and off that step's reward in the returns-to-go.
+    ``episode_stats="steps"``, verl-agent's placement, ``apply_invalid_action_penalty`` after
+    ``compute_step_discounted_returns``): off the step sample's own episode score (as in
+    ``grpo_advantages``) and off that step's already-discounted return-to-go, nothing else (it
+    does not reach the earlier turns through γ).
     """
     choices.check("norm", norm, choices.Norm)
     choices.check("episode_stats", episode_stats, choices.EpisodeStats)
@@ -367,7 +369,9 @@ def gigpo_advantages(
     pen = _step_penalty(step_penalty, lay.rewards.shape[0], episode_stats)
     episode = _episode_advantage(lay, norm, episode_stats, pen)
     step_ids, num_steps = _dense_ids(list(zip(lay.group.tolist(), names)))
-    returns_to_go = _reverse_scan(lay.rewards if pen is None else lay.rewards - pen, lay.traj.tolist(), gamma)
+    returns_to_go = _reverse_scan(lay.rewards, lay.traj.tolist(), gamma)
+    if pen is not None:  # verl-agent: after discounting, off the invalid step's own return only
+        returns_to_go = returns_to_go - pen
     step = _group_centre(returns_to_go, step_ids, num_steps, norm)
     return AdvantageResult(lay.out(episode + omega * step))
 

@@ -664,3 +664,33 @@ def test_a2tgpo_clip_mode_is_renamed_adaptive_clip_by_the_config_only():
     r, ti, gi, tu = (torch.tensor(v) for v in ([1.0, 0.0], [0, 1], [0, 0], [0, 0]))
     with pytest.raises(TypeError, match="clip_mode"):  # the estimator itself takes the new name only
         a2tgpo_advantages(r, ti, gi, tu, signals=r, clip_mode="inverse_advantage")
+
+
+def test_gigpo_step_penalty_lowers_the_invalid_steps_discounted_return_only():
+    """verl-agent's placement (issue 46): the penalty comes off the invalid step's episode score
+    and off its return-to-go *after* discounting, so it does not reach earlier turns through γ.
+    Hand count, γ = 0.95, norm "mean" (centred only), step statistics; trajectory A wins
+    (rewards 0, 0, 10) with an invalid turn 1 (penalty 0.1), trajectory B fails (0, 0, 0); turn t
+    of both shares anchor s_t.
+    Episode scores (step samples): A 10, 9.9, 10; B 0, 0, 0; mean 29.9 / 6 = 4.98333.
+    Returns-to-go: A 0.9025 x 10 = 9.025, 0.95 x 10 - 0.1 = 9.4, 10; B 0, 0, 0; each step group
+    {A_t, B_t} centred: ±4.5125, ±4.7, ±5.
+    (The old placement took 0.1 off turn 1's reward before the scan: A's turn-0 return 8.93.)"""
+    rewards = torch.tensor([0.0, 0.0, 10.0, 0.0, 0.0, 0.0])
+    traj, group, turn = torch.tensor([0, 0, 0, 1, 1, 1]), torch.zeros(6, dtype=torch.long), torch.tensor([0, 1, 2] * 2)
+    penalty = torch.tensor([0.0, 0.1, 0.0, 0.0, 0.0, 0.0])
+    out = gigpo_advantages(
+        rewards,
+        traj,
+        group,
+        turn,
+        anchors=["s0", "s1", "s2"] * 2,
+        gamma=0.95,
+        norm="mean",
+        episode_stats="steps",
+        step_penalty=penalty,
+    )
+    mean = 29.9 / 6
+    episode = [10 - mean, 9.9 - mean, 10 - mean, -mean, -mean, -mean]
+    step = [4.5125, 4.7, 5.0, -4.5125, -4.7, -5.0]
+    assert out.advantages.tolist() == pytest.approx([e + s for e, s in zip(episode, step)], abs=1e-5)  # float32

@@ -155,7 +155,7 @@ def test_outcome_advantages_leave_out_an_advantage_penalty_and_keep_a_reward_one
 
 def test_penalty_at_reward_is_verl_agents_placement_by_hand():
     """verl-agent subtracts the invalid-action penalty from the invalid step sample's own episode
-    score (statistics over step samples) and from that step's reward in the returns-to-go, never
+    score (statistics over step samples) and from that step's discounted return-to-go, never
     from the score the trajectory's other turns carry. One group: trajectory 0 = (invalid, valid
     win 10), trajectory 1 = (valid, invalid); p = 0.1; mean norm; steps statistics."""
     from rspo_lightning.batching import flatten
@@ -190,16 +190,17 @@ def test_penalty_at_reward_is_verl_agents_placement_by_hand():
     )
     assert turn_advantages(flat, grpo)[0].advantages.tolist() == pytest.approx([4.95, 5.05, -4.95, -5.05])
     # the former placement (penalty inside R(tau): 9.9, 9.9, -0.1, -0.1; mean 4.9) gave 5, 5, -5, -5
-    # GiGPO adds the step part: returns-to-go with the penalty in the step's reward, gamma 0.5:
-    # trajectory 0: t1 = 10, t0 = -0.1 + 0.5 * 10 = 4.9; trajectory 1: t3 = -0.1, t2 = 0 + 0.5 * -0.1 = -0.05;
-    # step group {t0, t2} (anchor s0): mean 2.425 -> +-2.475; the other step groups are singletons (0)
+    # GiGPO adds the step part: returns-to-go, gamma 0.5, then the penalty off each invalid step's own
+    # return (verl-agent applies it after discounting, issue 46): trajectory 0: t1 = 10, t0 = 0.5 * 10
+    # - 0.1 = 4.9; trajectory 1: t3 = 0 - 0.1 = -0.1, t2 = 0 + 0.5 * 0 = 0 (the penalty no longer
+    # reaches it); step group {t0, t2} (anchor s0): mean 2.45 -> +-2.45; the other step groups are singletons (0)
     gigpo = AlgorithmConfig(
         estimator="gigpo",
         penalty_at="reward",
         invalid_action_penalty=0.1,
         estimator_kwargs={"norm": "mean", "episode_stats": "steps", "gamma": 0.5, "omega": 1.0},
     )
-    assert turn_advantages(flat, gigpo)[0].advantages.tolist() == pytest.approx([7.425, 5.05, -7.425, -5.05])
+    assert turn_advantages(flat, gigpo)[0].advantages.tolist() == pytest.approx([7.4, 5.05, -7.4, -5.05])
     # trajectory statistics have no verl-agent counterpart: the penalty stays inside R(tau) there
     traj_stats = AlgorithmConfig(
         estimator="grpo",
