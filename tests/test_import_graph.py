@@ -110,3 +110,40 @@ def test_the_config_classes_import_no_transformers():
     graph, _ = _graph()
     deps = graph["rspo_lightning.config"]
     assert not {d for d in deps if d.split(".")[0] == "transformers" or d == "rspo_lightning.language_model"}
+
+
+# import name -> distribution name, where they differ
+DIST = {"yaml": "pyyaml", "web_agent_site": None}  # None: WebShop's own package, not on any index (docs/envs.md)
+
+
+def test_every_package_imported_is_declared():
+    """Every third-party module the package imports, at module level or inside a function, is a
+    requirement in setup.cfg: ``install_requires`` or an extra (the optional backends and envs)."""
+    import configparser
+    import re
+    import sys
+
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+
+    def names(text):
+        return {re.split(r"[\[<>=!~ ;]", line.strip())[0].lower() for line in text.splitlines() if line.strip()}
+
+    required = names(cfg["options"]["install_requires"])
+    extras = set().union(*(names(v) for v in cfg["options.extras_require"].values()))
+    imported = set()
+    for path in _modules().values():
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.Import):
+                imported.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = {m for m in imported if m not in sys.stdlib_module_names and m != "rspo_lightning"}
+    assert {"torch", "lightning", "yaml", "safetensors", "packaging"} <= third_party  # the scan saw them
+    missing = []
+    for module in sorted(third_party):
+        dist = DIST.get(module, module)
+        if dist is not None and dist.replace("_", "-") not in required | extras and f"{dist}-cpu" not in extras:
+            missing.append(module)
+    assert not missing, f"imported but not declared in setup.cfg: {missing}"
+    assert "ruff" not in required and "ruff" in names(cfg["options.extras_require"]["dev"])  # a developer tool
