@@ -31,6 +31,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from rspo_lightning import runtime  # noqa: F401  (filters Lightning's notices for every command, SFT and PRM fits too)
 from rspo_lightning.callbacks import IterationCheckpoint, IterationProgressBar, TranscriptLogger
 from rspo_lightning.checkpointing import CheckpointError, load_checkpoint_file, other_checkpoints
+from rspo_lightning.export import SUMMARY as export_summary
 from rspo_lightning.runfiles import RunLock, RunLockedError
 
 DEFAULT_SAVE_DIR = "runs"  # the logger save_dir of every shipped config: replaced by --trainer.default_root_dir
@@ -101,6 +102,14 @@ class AgentCLI(LightningCLI):
     ``<run>/<subcommand>`` and predict writes ``<run>/predictions/``. Every checkpoint path is
     checked (``checkpointing.load_checkpoint_file``) before Lightning reads it, and its
     hyper-parameters set the model and env wherever the command line does not."""
+
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs) -> None:
+        """Lightning's fit / validate / test / predict, and ``export`` listed beside them: ``main``
+        hands ``rspo-lightning export ...`` to ``rspo_lightning.export`` (whose ``--help`` documents
+        every flag) before this parser runs, so it is here for ``rspo-lightning --help``."""
+        super()._add_subcommands(parser, **kwargs)
+        summary = f"{export_summary} (rspo-lightning export --help)"
+        parser._subcommands_action.add_subcommand("export", LightningArgumentParser(description=summary), help=summary)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(TranscriptLogger, "transcripts")

@@ -291,11 +291,15 @@ def export(
     return meta
 
 
-def main(argv: list[str] | None = None) -> int:
+SUMMARY = "Write agent A of a training checkpoint (any strategy's) as a Hugging Face directory"
+
+
+def parser() -> argparse.ArgumentParser:
+    """``rspo-lightning export``'s parser (every flag documented in its ``--help``)."""
     parser = argparse.ArgumentParser(
         prog="rspo-lightning export",
-        description="Write agent A of a training checkpoint (any strategy's) as a Hugging Face directory: "
-        "config.json, model.safetensors, tokenizer with chat template, generation_config.json, rspo_export.json.",
+        description=f"{SUMMARY}: config.json, model.safetensors, tokenizer with chat template, "
+        "generation_config.json, rspo_export.json.",
     )
     parser.add_argument(
         "--ckpt_path",
@@ -315,7 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--max_shard_size", default="2GB", help="largest safetensors shard (default 2GB)")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         meta = export(
             args.ckpt_path,

@@ -296,3 +296,24 @@ def test_seed_everything_seeds_the_rollouts_and_the_task_draws_unless_they_are_s
     assert seeds("--seed_everything", "false") == (0, 0, None)  # no run seed: the classes' 0
     # outside the CLI, an unset seed is 0, as before
     assert AgentDataModule().seed == 0 and AgentRLModule().seed == 0
+
+
+def test_help_lists_export_beside_the_trainer_subcommands_and_export_help_documents_every_flag(capsys):
+    """Issue 46: ``rspo-lightning --help`` lists ``export`` with one line; ``rspo-lightning export
+    --help`` documents every flag of its parser."""
+    import pytest
+
+    from rspo_lightning import export
+    from rspo_lightning.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0 and "{fit,validate,test,predict,export}" in out
+    assert "export" in out.split("Available subcommands:")[1] and "Hugging Face directory" in out
+    with pytest.raises(SystemExit) as info:
+        main(["export", "--help"])
+    out = capsys.readouterr().out
+    flags = [a.option_strings[0] for a in export.parser()._actions if a.option_strings and a.dest != "help"]
+    assert info.value.code == 0 and len(flags) == 6
+    assert all(flag in out for flag in flags) and all(a.help for a in export.parser()._actions)
