@@ -4,8 +4,8 @@ valid_unseen), each success rate with its 95 % Wilson interval.
 
     python benchmarks/llm_start.py                               # both, 256 + 256 tasks, 1 thread
     python benchmarks/llm_start.py --only random --tasks 512
-    .nox/vllm/bin/python benchmarks/llm_start.py --tasks 64 --env num_receptacles=2 \
-        --extra=--model.rollout.backend=vllm --record docs/data/llm_study/start_r2.json   # an easier setting
+    .nox/vllm/bin/python benchmarks/llm_start.py --tasks 64 --env num_receptacles=3 --only policy \
+        --extra=--model.rollout.backend=vllm --record docs/data/llm_study/start_r3.json   # an easier setting
 
 The policy is validated by ``rspo-lightning validate`` of the config (its ``val_temperature``,
 ``--seed_everything``); the record (JSON) names the command, the machine and the wall time.

@@ -111,19 +111,30 @@ COPY_MODEL = ("--model.policy.tiny.copy_init=true", "--model.rollout.template=co
 # validation before training (over an hour a split pair on one thread with the hf backend) and validate once,
 # when the budget stops them (EnvStepBudget's last validation); the curve between is the start and that end.
 LLM = {**QUICK, "num_valid_seen": 256, "num_valid_unseen": 256}
-SETTINGS = {"hard": HARD, "quickstart": QUICK, "quickstart_copy": QUICK, "hard_copy": HARD, "llm": LLM}
+# llm_r2: the same with 2 receptacles, the smallest change after 0 wins in 512 training episodes at 4 (docs/llm.md):
+# a uniformly random admissible policy wins 19.1 % / 22.3 % there (docs/data/llm_study/start_easier_random.json)
+LLM_R2 = {**LLM, "num_receptacles": 2}
+SETTINGS = {
+    "hard": HARD,
+    "quickstart": QUICK,
+    "quickstart_copy": QUICK,
+    "hard_copy": HARD,
+    "llm": LLM,
+    "llm_r2": LLM_R2,
+}
+LLM_OVERRIDES = ("--trainer.num_sanity_val_steps=0", "--data.iterations_per_epoch=1000", "--data.val_groups_per_batch=64")
+LLM_CONFIGS = {
+    "configs/compare/grpo.yaml": "configs/llm/smollm2_grpo.yaml",
+    "configs/compare/grpo_rspo.yaml": "configs/llm/smollm2_rspo.yaml",
+}
 SETTING_OVERRIDES = {  # a setting's model (and validation) overrides, after the run's own
     "quickstart_copy": COPY_MODEL,
     "hard_copy": COPY_MODEL,
-    "llm": ("--trainer.num_sanity_val_steps=0", "--data.iterations_per_epoch=1000", "--data.val_groups_per_batch=64"),
+    "llm": LLM_OVERRIDES,
+    "llm_r2": LLM_OVERRIDES,
 }
 # a setting's own config for each compare/ config a run names (the run's overrides stay)
-SETTING_CONFIGS = {
-    "llm": {
-        "configs/compare/grpo.yaml": "configs/llm/smollm2_grpo.yaml",
-        "configs/compare/grpo_rspo.yaml": "configs/llm/smollm2_rspo.yaml",
-    }
-}
+SETTING_CONFIGS = {"llm": LLM_CONFIGS, "llm_r2": LLM_CONFIGS}
 # the settings of --quick-budget and --quick-a-updates (the others: --budget, --a-updates)
 QUICK_SETTINGS = ("quickstart", "quickstart_copy")
 PROGRESS = "rspo_lightning.rewards.EnvProgressReward"

@@ -409,6 +409,11 @@ def test_llm_setting_plays_the_llm_configs_and_validates_at_the_end():
     )
     with pytest.raises(ValueError, match="has no config in setting 'llm'"):
         study.make_job("llm", "gigpo", 0, 4500)
+    # llm_r2: the same runs with 2 receptacles (the easier setting)
+    r2 = study.make_job("llm_r2", "grpo_rspo", 0, 2240, val_tasks=256)
+    assert r2.config == "configs/llm/smollm2_rspo.yaml" and r2.overrides[-3:] == study.SETTING_OVERRIDES["llm"]
+    env = json.loads(next(o for o in r2.overrides if o.startswith("--data.env.kwargs=")).split("=", 1)[1])
+    assert env["num_receptacles"] == 2 and env["num_valid_seen"] == 256
 
 
 def test_every_attempt_records_its_machine():
