@@ -122,7 +122,11 @@ SETTINGS = {
     "llm": LLM,
     "llm_r2": LLM_R2,
 }
-LLM_OVERRIDES = ("--trainer.num_sanity_val_steps=0", "--data.iterations_per_epoch=1000", "--data.val_groups_per_batch=64")
+LLM_OVERRIDES = (
+    "--trainer.num_sanity_val_steps=0",
+    "--data.iterations_per_epoch=1000",
+    "--data.val_groups_per_batch=64",
+)
 LLM_CONFIGS = {
     "configs/compare/grpo.yaml": "configs/llm/smollm2_grpo.yaml",
     "configs/compare/grpo_rspo.yaml": "configs/llm/smollm2_rspo.yaml",
