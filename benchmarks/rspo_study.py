@@ -625,6 +625,9 @@ def curve_of(history: dict) -> list[dict]:
 
 
 ENV_SLACK = 0.05  # how far past the env-step budget a validation still counts (a base run's last iteration crosses it)
+# a setting whose budget is a few iterations: one iteration's steps (4 groups x 8 episodes x 10 turns) is more than 5 %
+# of it, and a base run's last iteration crosses the budget by up to that much
+ITERATION_STEPS = {"llm": 320, "llm_r2": 320}
 
 
 def distinct_weights(curve: list[dict]) -> list[dict]:
@@ -638,9 +641,9 @@ def distinct_weights(curve: list[dict]) -> list[dict]:
     return [p for p in curve if first[p["a_updates"]] is p]
 
 
-def finals(curve: list[dict], a_updates: int, env_budget: int | None = None) -> dict:
+def finals(curve: list[dict], a_updates: int, env_budget: int | None = None, slack_steps: int = 0) -> dict:
     """Both axes' finals of a validation curve: ``env_steps``: the mean of its last two points at
-    most ``env_budget`` x (1 + ENV_SLACK) environment steps in (an RSPO run goes on to the end of
+    most ``env_budget`` + max(``env_budget`` x ENV_SLACK, ``slack_steps``) environment steps in (an RSPO run goes on to the end of
     the loop that crosses the budget, up to a loop's steps past it: those points do not count, so
     RSPO is compared on at most the steps a base run used; None: every point);
     ``a_updates``: the mean of the last two points with at most ``a_updates`` agent-A updates
@@ -666,7 +669,8 @@ def finals(curve: list[dict], a_updates: int, env_budget: int | None = None) -> 
         }
 
     within = distinct_weights([p for p in curve if p["a_updates"] <= a_updates])
-    spent = distinct_weights([p for p in curve if env_budget is None or p["env_steps"] <= env_budget * (1 + ENV_SLACK)])
+    limit = None if env_budget is None else env_budget + max(env_budget * ENV_SLACK, slack_steps)
+    spent = distinct_weights([p for p in curve if limit is None or p["env_steps"] <= limit])
     return {
         "env_steps": {**mean_of(spent[-2:]), "env_budget": env_budget},
         "a_updates": {**mean_of(within[-2:]), "a_updates_target": a_updates},
@@ -731,7 +735,7 @@ def build_record(
         "resumed": [a.get("resumed_from_iteration") for a in attempts if a.get("resumed")],
         "curve": curve,
         "diagnostics": diagnostics(history),
-        "finals": finals(curve, n, job.budget),
+        "finals": finals(curve, n, job.budget, ITERATION_STEPS.get(job.setting, 0)),
     }
 
 
@@ -756,7 +760,7 @@ def summary_entries(records: list[dict], a_updates: dict[str, int] | None = None
         curve = [
             {**p, "valid_seen": _num(p["valid_seen"]), "valid_unseen": _num(p["valid_unseen"])} for p in r["curve"]
         ]
-        f = finals(curve, n, r.get("budget"))
+        f = finals(curve, n, r.get("budget"), ITERATION_STEPS.get(r["setting"], 0))
         for axis in AXES:
             out.append(
                 {

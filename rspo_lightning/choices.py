@@ -19,6 +19,7 @@ ReplayRegularisers = Literal["exclude", "importance"]
 PenaltyAt = Literal["advantage", "reward"]
 SwapStrategy = Literal["knn", "bucket", "random"]
 LrDecay = Literal["constant", "linear", "cosine"]
+GradSync = Literal["auto", "step", "micro_batch"]  # when ranks synchronise gradients (update.ppo_update's no_sync)
 
 # -- the estimators' keywords (advantages.py) ---------------------------------------------------
 Norm = Literal["std", "mean"]

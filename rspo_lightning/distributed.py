@@ -10,6 +10,7 @@ that ended sooner) leaves the others waiting for ever. docs/distributed.md has t
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import torch
@@ -163,6 +164,29 @@ def shard_fsdp2(model: nn.Module, mesh) -> nn.Module:
                 fully_shard(module, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
+
+
+@contextmanager
+def no_gradient_sync(strategy, modules: nn.Module) -> Iterator[None]:
+    """Backwards inside accumulate gradients on each rank without synchronising them: DDP through
+    Lightning's ``block_backward_sync`` (DDP's ``no_sync``), FSDP2 by
+    ``set_requires_gradient_sync(False)`` on every ``fully_shard``-ed module under ``modules``
+    (gradients stay unsharded until the next synchronised backward). FSDP1 and one process: no-op."""
+    from lightning.pytorch.strategies import ParallelStrategy
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = [m for m in modules.modules() if isinstance(m, FSDPModule)]
+    for m in sharded:
+        m.set_requires_gradient_sync(False, recurse=False)
+    try:
+        if isinstance(strategy, ParallelStrategy):
+            with strategy.block_backward_sync():
+                yield
+        else:
+            yield
+    finally:
+        for m in sharded:
+            m.set_requires_gradient_sync(True, recurse=False)
 
 
 def is_sharded(strategy) -> bool:

@@ -50,43 +50,56 @@ class Stopwatch:
 REPEAT_WINDOW = 4  # turns back that ``<prefix>/repeat_visits`` looks (RSPOLoop's exploration_window default)
 
 
-def repeat_visit_rate(trajectories: Sequence[Trajectory], window: int = REPEAT_WINDOW) -> float:
-    """Exploration metric: fraction of turns whose anchor already occurred in the previous
-    ``window`` turns of the same episode (lower = less looping; the paper's repeated visits of a
-    state within a window)."""
+def repeat_counts(trajectories: Sequence[Trajectory], window: int = REPEAT_WINDOW) -> tuple[int, int]:
+    """(turns whose anchor already occurred in the previous ``window`` turns of the same episode,
+    turns): the counts behind ``repeat_visit_rate``."""
     repeats = turns = 0
     for traj in trajectories:
         anchors = [t.anchor for t in traj.turns]
         for i, a in enumerate(anchors):
             repeats += a in anchors[max(0, i - window) : i]
         turns += len(anchors)
+    return repeats, turns
+
+
+def repeat_visit_rate(trajectories: Sequence[Trajectory], window: int = REPEAT_WINDOW) -> float:
+    """Exploration metric: fraction of turns whose anchor already occurred in the previous
+    ``window`` turns of the same episode (lower = less looping; the paper's repeated visits of a
+    state within a window)."""
+    repeats, turns = repeat_counts(trajectories, window)
     return repeats / turns if turns else 0.0
 
 
-def rollout_metrics(trajectories: Sequence[Trajectory], prefix: str) -> dict[str, float]:
-    """This rank's ``<prefix>/score``, ``episode_len``, ``invalid_rate``, ``truncated_rate`` (turns
-    whose response the token budget cut), ``dense_return``,
-    ``progress``, ``repeat_visits`` (``repeat_visit_rate``, every run: GRPO's looping beside
-    RSPO's) and ``success_rate/<task type>`` of the episodes played (the all-rank success rate is
-    the module's)."""
+def rollout_sums(trajectories: Sequence[Trajectory], prefix: str) -> dict[str, list[float]]:
+    """This rank's ``{metric: [sum, count]}`` of ``rollout_metrics`` (``merge_over_ranks`` adds ranks)."""
     n = len(trajectories)
-    turns = sum(len(t.turns) for t in trajectories)
-    values = {
-        f"{prefix}/score": sum(t.score for t in trajectories) / n,
-        f"{prefix}/episode_len": turns / n,
-        f"{prefix}/invalid_rate": sum(t.num_invalid for t in trajectories) / max(turns, 1),
-        f"{prefix}/truncated_rate": sum(turn.response_cut for t in trajectories for turn in t.turns) / max(turns, 1),
-        f"{prefix}/dense_return": sum(turn.dense_reward for t in trajectories for turn in t.turns) / n,
-        f"{prefix}/progress": sum(t.turns[-1].progress if t.turns else t.initial_progress for t in trajectories) / n,
-        f"{prefix}/repeat_visits": repeat_visit_rate(trajectories),
+    repeats, turns = repeat_counts(trajectories)
+    sums = {
+        f"{prefix}/success_rate": [sum(t.success for t in trajectories), n],
+        f"{prefix}/score": [sum(t.score for t in trajectories), n],
+        f"{prefix}/episode_len": [turns, n],
+        f"{prefix}/invalid_rate": [sum(t.num_invalid for t in trajectories), turns],
+        f"{prefix}/truncated_rate": [sum(turn.response_cut for t in trajectories for turn in t.turns), turns],
+        f"{prefix}/dense_return": [sum(turn.dense_reward for t in trajectories for turn in t.turns), n],
+        f"{prefix}/progress": [sum(t.turns[-1].progress if t.turns else t.initial_progress for t in trajectories), n],
+        f"{prefix}/repeat_visits": [repeats, turns],
     }
-    by_type: dict[str, list[bool]] = {}
     for t in trajectories:
-        by_type.setdefault(t.task_type, []).append(t.success)
-    for ty, s in by_type.items():
-        if ty:
-            values[f"{prefix}/success_rate/{ty}"] = sum(s) / len(s)
-    return values
+        if t.task_type:
+            acc = sums.setdefault(f"{prefix}/success_rate/{t.task_type}", [0, 0])
+            acc[0] += t.success
+            acc[1] += 1
+    return {k: [float(s), float(c)] for k, (s, c) in sums.items()}
+
+
+def rollout_metrics(trajectories: Sequence[Trajectory], prefix: str) -> dict[str, float]:
+    """``<prefix>/success_rate``, ``score``, ``episode_len``, ``invalid_rate``, ``truncated_rate``
+    (turns whose response the token budget cut), ``dense_return``, ``progress``, ``repeat_visits``
+    (``repeat_visit_rate``, every run: GRPO's looping beside RSPO's) and ``success_rate/<task
+    type>`` over every rank's episodes (a collective: every rank calls it, with or without
+    episodes; a metric nothing counted is left out)."""
+    merged = merge_over_ranks(rollout_sums(trajectories, prefix))
+    return {k: v[0] / v[1] for k, v in merged.items() if v[1] > 0}
 
 
 def replay_metrics(estimator_advantages: torch.Tensor, flat: FlatTurns) -> dict[str, float]:
@@ -219,17 +232,13 @@ def log_iteration(self, it: Iteration | None = None) -> None:
         self.iteration += 1
     else:
         played, prefix = self.last_trajectories, "rollout" if it.batch.plan.policy_tag == "A" else "rollout_b"
-        won = merge_over_ranks({"won": [sum(t.success for t in played), len(played)]})["won"]  # on every rank
-        if played and it.batch.played is None:  # over all ranks (the rest: this rank's); not re-used episodes
-            self.log_dict(
-                {f"{prefix}/success_rate": won[0] / max(won[1], 1.0), **rollout_metrics(played, prefix)},
-                on_step=True,
-                batch_size=len(played),
-            )
+        rollout = rollout_metrics(played, prefix)  # over all ranks' episodes, on every rank
+        if rollout and it.batch.played is None:  # not re-used episodes
+            self.log_dict(rollout, on_step=True, batch_size=max(len(played), 1))
             if (
                 it.batch.plan.policy_tag == "A"
             ):  # the progress bar: agent A's training success (RSPO's B logs rollout_b/*)
-                self.log("success_A", won[0] / max(won[1], 1.0), prog_bar=True, on_step=True, logger=False)
+                self.log("success_A", rollout[f"{prefix}/success_rate"], prog_bar=True, on_step=True, logger=False)
         values = iteration_metrics(it, self.algo.ppo_epochs)
         values.update(
             {

@@ -38,12 +38,16 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 
 import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
+from torchmetrics import MeanMetric, SumMetric
+from torchmetrics.classification import BinaryAUROC
+from torchmetrics.regression import PearsonCorrCoef
 
 from rspo_lightning.config import OptimConfig, PolicyConfig
 from rspo_lightning.datamodules.trajectory import EpisodeBatch
@@ -290,6 +294,8 @@ class ProcessRewardModule(pl.LightningModule):
         self.backbone = None
         self.tokenizer = None
         self.head = None
+        # held-out means and ranking over every rank's episodes (torchmetrics sync them in compute)
+        self.val_loss, self.val_mae, self.val_ranking = MeanMetric(), MeanMetric(), EpisodeRanking()
 
     # -- building ------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -413,27 +419,27 @@ class ProcessRewardModule(pl.LightningModule):
     def validation_step(self, batch: EpisodeBatch, batch_idx: int) -> None:
         loss, mae = self.episode_loss(batch.trajectories)
         n = len(batch)
-        self.log("val/prm_loss", loss, on_epoch=True, prog_bar=True, batch_size=n)
-        self.log("val/prm_mae", mae, on_epoch=True, batch_size=n)
+        self.val_loss.update(loss.detach(), weight=n)
+        self.val_mae.update(mae, weight=n)
+        self.log("val/prm_loss", self.val_loss, on_epoch=True, prog_bar=True, batch_size=n)
+        self.log("val/prm_mae", self.val_mae, on_epoch=True, batch_size=n)
         predicted = [sum(v) for v in self.turn_values(batch.trajectories)]
-        self._ranked.extend((p, t.success, t.turns[-1].progress) for p, t in zip(predicted, batch.trajectories))
-
-    def on_validation_epoch_start(self) -> None:
-        self._ranked: list[tuple[float, bool, float]] = []
+        self.val_ranking.update(
+            predicted, [t.success for t in batch.trajectories], [t.turns[-1].progress for t in batch.trajectories]
+        )
 
     def on_validation_epoch_end(self) -> None:
-        """How well the predicted return Σ_t c_t ranks the held-out episodes: ``val/prm_auc`` (ROC
-        AUC of won against lost episodes; NaN without both) and ``val/prm_progress_corr`` (Pearson
-        correlation with the episode's final subgoal progress, where the env reports one)."""
-        ranked = getattr(self, "_ranked", [])
-        if not ranked or self.trainer.sanity_checking:
+        """How well the predicted return Σ_t c_t ranks the held-out episodes of every rank:
+        ``val/prm_auc`` (ROC AUC of won against lost episodes; NaN without both) and
+        ``val/prm_progress_corr`` (Pearson correlation with the episode's final subgoal progress,
+        where the env reports one)."""
+        ranking = self.val_ranking.compute()  # a collective: every rank, sanity check included
+        self.val_ranking.reset()
+        if not ranking["episodes"] or self.trainer.sanity_checking:
             return
-        scores = [r[0] for r in ranked]
-        auc = roc_auc([s for s, won, _ in ranked if won], [s for s, won, _ in ranked if not won])
-        corr = pearson(scores, [r[2] for r in ranked])
-        self.ranking = {"auc": auc, "progress_corr": corr, "episodes": len(ranked), "won": sum(r[1] for r in ranked)}
-        self.log("val/prm_auc", auc)
-        self.log("val/prm_progress_corr", corr)
+        self.ranking = ranking
+        self.log("val/prm_auc", ranking["auc"])
+        self.log("val/prm_progress_corr", ranking["progress_corr"])
 
     # -- export --------------------------------------------------------------------------
     def save_pretrained(self, directory: str) -> str:
@@ -497,6 +503,45 @@ class ProcessRewardModule(pl.LightningModule):
                 else ""
             )
             print(f"prm: saved to {directory}{ranking}")
+
+
+class EpisodeRanking(nn.Module):
+    """How well predicted episode returns rank held-out episodes, over every rank's episodes:
+    ROC AUC of won against lost (NaN without both kinds) and the Pearson correlation with final
+    progress (NaN when either side is constant), as torchmetrics' ``BinaryAUROC`` (exact, ties
+    1/2; its sums are float32, within 1e-7 of ``roc_auc``) and ``PearsonCorrCoef`` (float64);
+    ``compute`` syncs over ranks. ``roc_auc`` and
+    ``pearson`` below are the hand oracles."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.auc = BinaryAUROC().set_dtype(torch.float64)
+        self.corr = PearsonCorrCoef().set_dtype(torch.float64)
+        self.won = SumMetric().set_dtype(torch.float64)
+        self.episodes = SumMetric().set_dtype(torch.float64)
+
+    def update(self, scores: Sequence[float], won: Sequence[bool], progress: Sequence[float]) -> None:
+        device = self.won.device
+        x = torch.tensor(list(map(float, scores)), dtype=torch.float64, device=device)
+        w = torch.tensor([int(b) for b in won], dtype=torch.long, device=device)
+        self.auc.update(x, w)
+        self.corr.update(x, torch.tensor(list(map(float, progress)), dtype=torch.float64, device=device))
+        self.won.update(w.sum().double())
+        self.episodes.update(torch.tensor(float(len(w)), dtype=torch.float64, device=device))
+
+    def compute(self) -> dict[str, float]:
+        episodes, won = int(self.episodes.compute()), int(self.won.compute())
+        if episodes == 0:
+            return {"auc": float("nan"), "progress_corr": float("nan"), "episodes": 0, "won": 0}
+        auc = float(self.auc.compute()) if 0 < won < episodes else float("nan")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*variance.*close to zero")  # constant: NaN
+            corr = float(self.corr.compute()) if episodes > 1 else float("nan")
+        return {"auc": auc, "progress_corr": corr, "episodes": episodes, "won": won}
+
+    def reset(self) -> None:
+        for metric in (self.auc, self.corr, self.won, self.episodes):
+            metric.reset()
 
 
 def roc_auc(positives: Sequence[float], negatives: Sequence[float]) -> float:

@@ -14,6 +14,7 @@ import os
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
+from torchmetrics import MeanMetric
 
 from rspo_lightning.config import OptimConfig, PolicyConfig
 from rspo_lightning.datamodules.trajectory import IGNORE_INDEX
@@ -47,6 +48,8 @@ class SFTModule(pl.LightningModule):
         self.tokenizer_dir = tokenizer_dir
         self.policy = None
         self.tokenizer = None
+        # token-level held-out means over every rank's tokens (torchmetrics sync them in compute)
+        self.val_loss, self.val_accuracy = MeanMetric(), MeanMetric()
 
     # -- building ------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -128,9 +131,11 @@ class SFTModule(pl.LightningModule):
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         loss, accuracy, count = self.sft_loss(batch)
-        # Weighted by response tokens so the epoch value is the token-level mean.
-        self.log("val/sft_loss", loss, on_epoch=True, prog_bar=True, batch_size=count)
-        self.log("val/token_accuracy", accuracy, on_epoch=True, batch_size=count)
+        # weighted by response tokens so the epoch value is the token-level mean over all ranks
+        self.val_loss.update(loss.detach(), weight=count)
+        self.val_accuracy.update(accuracy, weight=count)
+        self.log("val/sft_loss", self.val_loss, on_epoch=True, prog_bar=True, batch_size=count)
+        self.log("val/token_accuracy", self.val_accuracy, on_epoch=True, batch_size=count)
 
     # -- export --------------------------------------------------------------------------
     def save_pretrained(self, directory: str) -> str:

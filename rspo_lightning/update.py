@@ -3,8 +3,10 @@ optimizer steps over a scored ``TrainBatch``, and the loss of one micro-batch.
 
 ``ppo_update`` is a function of (batch, loss function, optimizer, config) and runs without a
 Trainer; the module passes Lightning's backward and gradient clipping in. Under several ranks
-every rank takes the same number of optimizer steps and micro-batch backwards (DDP all-reduces
-gradients in each backward): a rank short of samples backwards ``dummy`` at weight 0.
+every rank takes the same number of optimizer steps and micro-batch backwards: a rank short of
+samples backwards ``dummy`` at weight 0. Under DDP gradients are synchronised once per optimizer
+step: every micro-batch but the last runs inside ``no_sync`` (``algorithm.grad_sync``; FSDP2
+reduce-scatters each backward by default, to keep its gradients sharded).
 
 The loss is J = (1 − α) J_on + α J_off (RSPO; J = J_on otherwise), each part the mean over *all*
 the iteration's rows of its kind (tokens under ``token-mean``), rows left out by
@@ -20,9 +22,11 @@ the gradient of one process on the union of the ranks' minibatches (docs/algorit
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import NamedTuple
 
 import torch
@@ -258,6 +262,7 @@ def ppo_update(
     flat_sharded: bool = False,
     critic_step: Callable[[TrainBatch, float], float] | None = None,
     den: Denominators | None = None,
+    no_sync: Callable[[], AbstractContextManager] = contextlib.nullcontext,
 ) -> UpdateResult:
     """``algo.ppo_epochs`` passes over ``batch`` in minibatches of ``algo.minibatch_size`` rows
     (shuffled by ``generator``), each split into micro-batches of ``algo.micro_batch_size`` whose
@@ -267,7 +272,9 @@ def ppo_update(
     each part the mean over the iteration's rows of its kind as counted in ``den`` (None: the
     rows of ``batch``, i.e. nothing was dropped). A non-finite loss or gradient on any rank never
     reaches the weights: every rank skips that step. ``critic_step(minibatch, all-rank rows)``
-    steps a separate critic after each policy step and returns its value loss.
+    steps a separate critic after each policy step and returns its value loss. ``no_sync()``: the
+    context every micro-batch but a minibatch's last runs in (forward and backward), so gradients
+    accumulate locally and ranks synchronise once per optimizer step.
     """
     n = len(batch)
     world = world_size()
@@ -287,7 +294,8 @@ def ppo_update(
             counts = gather_values([*loss_sizes(mb, algo.loss_agg), len(mb)], device)  # [world, 3]
             t_on, t_off, rows = (float(counts[:, i].sum()) for i in range(3))  # for the diagnostics' means
             mb_stats: dict[str, float] = {}
-            for part in lockstep(parts, device):
+            steps_here = list(lockstep(parts, device))
+            for i, part in enumerate(steps_here):
                 s_on, s_off = loss_sizes(part, algo.loss_agg) if part is not None else (0.0, 0.0)
                 scale = Scale(
                     pg_on=u_on * s_on,
@@ -295,8 +303,9 @@ def ppo_update(
                     pooled=step * (s_on + s_off) / max(den.on + den.off, 1.0),
                     on=step * s_on / max(den.on, 1.0),
                 )
-                loss, st = loss_fn(part if part is not None else dummy, scale)
-                backward(loss * world)
+                with no_sync() if i < len(steps_here) - 1 else contextlib.nullcontext():
+                    loss, st = loss_fn(part if part is not None else dummy, scale)
+                    backward(loss * world)
                 share = (s_on + s_off) / max(t_on + t_off, 1.0)  # the part's share of the minibatch
                 for k, v in st.items():
                     mb_stats[k] = mb_stats.get(k, 0.0) + (float(v) * share if part is not None else 0.0)

@@ -19,14 +19,28 @@ class RankSkewProbe(Callback):
     Rank 0: in its first training iteration every episode ends after one turn (``max_steps: 1``);
     from the second on every episode is lost to an environment fault at reset (it has no sample
     at all). The other ranks keep the configured env (``rspo/Faulty-v0`` around Household, no
-    faults). At the end each rank writes ``rank<r>.json``: optimizer steps, backward calls and,
-    per iteration, the turn count of every episode it trained on.
+    faults). At the end each rank writes ``rank<r>.json``: optimizer steps, backward calls, DDP
+    gradient all-reduces (a counting comm hook: backwards whose last bucket was reduced) and, per
+    iteration, the turn count of every episode it trained on; and ``params<r>.pt``, its trained
+    weights in float64.
     """
 
     def __init__(self, out_dir: str):
         self.out_dir = out_dir
         self.backwards = 0
+        self.allreduces = 0
         self.turns: list[list[int]] = []
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        from torch.nn.parallel import DistributedDataParallel
+
+        def counting_allreduce(probe, bucket):
+            probe.allreduces += int(bucket.is_last())
+            return allreduce_hook(None, bucket)
+
+        if isinstance(trainer.strategy.model, DistributedDataParallel):
+            trainer.strategy.model.register_comm_hook(self, counting_allreduce)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_rank != 0:
@@ -50,11 +64,14 @@ class RankSkewProbe(Callback):
                 {
                     "optimizer_steps": trainer.global_step,
                     "backwards": self.backwards,
+                    "allreduces": self.allreduces,
                     "turns": self.turns,
                     "world_size": trainer.world_size,
                 },
                 f,
             )
+        weights = {n: p.detach().double().cpu() for n, p in pl_module.named_parameters() if p.requires_grad}
+        torch.save(weights, os.path.join(self.out_dir, f"params{trainer.global_rank}.pt"))
 
 
 class TrajectoryRecorder(Callback):

@@ -101,8 +101,7 @@ def _expected_counts(samples_per_rank):
     return EPOCHS * minibatches, EPOCHS * backwards
 
 
-def test_ddp_ranks_with_unequal_episodes_take_the_same_steps_and_finish(tmp_path):
-    out = tmp_path / "probe"
+def _skewed_ddp_fit(tmp_path, out, *extra):
     _fit(
         [
             *TINY_ARGS,
@@ -121,10 +120,17 @@ def test_ddp_ranks_with_unequal_episodes_take_the_same_steps_and_finish(tmp_path
             "false",
             "--trainer.callbacks+=distributed_helpers.RankSkewProbe",
             f"--trainer.callbacks.out_dir={out}",
+            *extra,
         ],
         cwd=tmp_path,
     )
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_ddp_ranks_with_unequal_episodes_take_the_same_steps_and_finish(tmp_path):
+    """... and synchronise gradients once per optimizer step (no_sync on every micro-batch but the
+    last), to the same weights as a sync in every backward (``grad_sync: micro_batch``)."""
+    ranks = _skewed_ddp_fit(tmp_path, tmp_path / "probe")
     assert [r["world_size"] for r in ranks] == [2, 2]
     # the skew took effect: rank 0 played 1-turn episodes, then lost every episode to faults
     assert ranks[0]["turns"][0] == [1, 1]
@@ -137,6 +143,16 @@ def test_ddp_ranks_with_unequal_episodes_take_the_same_steps_and_finish(tmp_path
     assert steps > 0
     assert [r["optimizer_steps"] for r in ranks] == [steps, steps]
     assert [r["backwards"] for r in ranks] == [backwards, backwards]
+    assert backwards > steps  # some minibatch has several micro-batches
+    assert [r["allreduces"] for r in ranks] == [steps, steps]
+    every = _skewed_ddp_fit(tmp_path, tmp_path / "every", "--model.algorithm.grad_sync=micro_batch")
+    assert [r["allreduces"] for r in every] == [backwards, backwards]
+    assert [r["turns"] for r in every] == [r["turns"] for r in ranks]  # the same episodes
+    for r in (0, 1):
+        once = torch.load(tmp_path / "probe" / f"params{r}.pt", weights_only=True)
+        each = torch.load(tmp_path / "every" / f"params{r}.pt", weights_only=True)
+        assert once.keys() == each.keys() and once
+        assert max(float((once[k] - each[k]).abs().max()) for k in once) < 1e-6
 
 
 def test_ddp_alpha_is_global_over_ranks(tmp_path):

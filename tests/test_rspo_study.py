@@ -55,6 +55,12 @@ def test_env_step_finals_leave_out_the_points_past_the_budget():
     assert f["env_steps"]["env_steps"] == 37600 and f["env_steps"]["env_budget"] == 40000
     base = [_point(18, 35000, 18, 0.2, 0.2), _point(21, 39900, 21, 0.3, 0.3), _point(22, 41800, 22, 0.4, 0.4)]
     assert study.finals(base, 9, 40000)["env_steps"]["steps"] == [21, 22]
+    # a budget of 7 iterations of 320 steps: one won episode leaves 2,238 after 7, so an 8th crosses to
+    # 2,558, past 2,240 x 1.05 = 2,352 but within one iteration's 320 steps of the budget
+    short = [_point(0, 0, 0, 0.0, 0.0), _point(8, 2558, 8, 0.1, 0.1)]
+    assert study.finals(short, 9, 2240)["env_steps"]["steps"] == [0]
+    assert study.finals(short, 9, 2240, slack_steps=320)["env_steps"]["steps"] == [0, 8]
+    assert study.finals(short + [_point(9, 2561, 9, 0.2, 0.2)], 9, 2240, 320)["env_steps"]["steps"] == [0, 8]
 
 
 def test_finals_of_an_rspo_run_and_one_with_fewer_a_updates():
