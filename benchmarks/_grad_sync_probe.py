@@ -3,7 +3,7 @@
 Per rank it writes ``rank<r>.json``: optimizer steps, backwards, gradient collectives (DDP: a comm
 hook counting backwards whose last bucket was all-reduced; FSDP2: calls of ``foreach_reduce``, one
 per sharded module per synchronised backward, divided by the number of sharded modules), the
-largest gradient memory held right after a backward (local gradients, plus FSDP2's unsharded
+largest gradient memory held right after a backward, the MB of the frozen KL reference held (local gradients, plus FSDP2's unsharded
 gradients while its sync is off), the peak RSS, and the update's wall time (first backward of
 the iteration to its end); and ``params<r>.pt``, the trained weights in float64.
 """
@@ -25,6 +25,11 @@ def _bytes(t) -> int:
     if hasattr(t, "to_local"):
         t = t.to_local()
     return t.numel() * t.element_size()
+
+
+def _held_mb(module) -> float:
+    """MB of ``module``'s parameters this rank holds (a DTensor's local shard; 0 without one)."""
+    return 0.0 if module is None else sum(_bytes(p) for p in module.parameters()) / 2**20
 
 
 class GradSyncProbe(Callback):
@@ -94,6 +99,7 @@ class GradSyncProbe(Callback):
             "grad_mb": self.grad_bytes / 2**20,
             "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "update_s": self.update_s,
+            "reference_mb": _held_mb(getattr(pl_module, "_ref", None)),
             "params": sum(p.numel() for p in pl_module.policy.parameters()),  # a DTensor counts its global shape
         }
         with open(os.path.join(self.out_dir, f"rank{rank}.json"), "w") as f:

@@ -96,17 +96,23 @@ def build_optimizers(
 @contextlib.contextmanager
 def reference_model(policy: nn.Module, reference: nn.Module | None, lora: bool) -> Iterator[nn.Module]:
     """The frozen KL reference: the LoRA ``policy`` with its adapters disabled while entered, or
-    the frozen copy ``reference``."""
+    the frozen copy ``reference`` (resharded on exit under FSDP2)."""
     if lora:
         with policy.disable_adapter():
             yield policy
     else:
-        yield reference
+        try:
+            yield reference
+        finally:
+            # FSDP2 leaves a root module's parameters unsharded after its forward (a backward would
+            # need them next); the reference has no backward, so it gives them back here
+            if hasattr(reference, "reshard"):
+                reference.reshard()
 
 
 def shard_models(modules: list[nn.Module | None], mesh, lora: bool = False) -> None:
-    """FSDP2 (``ModelParallelStrategy``): ``fully_shard`` the policy, value head and critic over
-    ``mesh`` (``distributed.shard_fsdp2``), in place."""
+    """FSDP2 (``ModelParallelStrategy``): ``fully_shard`` the policy, value head, critic and frozen
+    KL reference over ``mesh`` (``distributed.shard_fsdp2``), in place."""
     if lora:
         raise ValueError(
             "policy.lora is not supported with ModelParallelStrategy (FSDP2): use trainer.strategy: ddp "

@@ -111,8 +111,12 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         if self.policy is None:
             self._build_models()
         if self.device_mesh is not None and not self._fsdp2_applied:  # ModelParallelStrategy: FSDP2
+            if self._ref is not None:  # sharded like the policy, in the policy's dtype (fully_shard moves it)
+                self._ref.to(dtype=next(self.policy.parameters()).dtype)
             shard_models(
-                [self.policy, self.value_head, self.critic], self.device_mesh, lora=self.policy_cfg.lora is not None
+                [self.policy, self.value_head, self.critic, self._ref],
+                self.device_mesh,
+                lora=self.policy_cfg.lora is not None,
             )
             self._fsdp2_applied = True
 
@@ -126,7 +130,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
             built.engine,
         )
         # the frozen reference in __dict__, not registered as a submodule: no optimizer, checkpoint,
-        # DDP or FSDP wrapping sees it (an unsharded frozen copy on each rank)
+        # DDP or FSDP1 wrapping sees it (an unsharded frozen copy on each rank); FSDP2 shards it in configure_model
         self.__dict__["_ref"] = built.reference
 
     def setup(self, stage: str) -> None:
@@ -153,7 +157,7 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
             print(summary_line(self), flush=True)
         if self.engine is not None:
             self.engine.env_errors = max(self.engine.env_errors, getattr(self, "_restored_env_errors", 0))
-        if self._ref is not None:  # not a submodule, so the strategy's device/precision moves skip it
+        if self._ref is not None and not self._fsdp2_applied:  # not a submodule: the strategy's moves skip it
             self._ref.to(device=self.device, dtype=next(self.policy.parameters()).dtype)
 
     def set_env_kwargs(self, changes: dict) -> None:

@@ -13,6 +13,19 @@ from rspo_lightning.module import AgentRLModule
 from rspo_lightning.rspo.loop import RSPOLoop
 
 
+def _local_mb(module) -> float:
+    """MB of ``module``'s parameters this rank holds (a DTensor's local shard)."""
+    if module is None:
+        return 0.0
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in module.parameters()]
+    return sum(t.numel() * t.element_size() for t in local) / 2**20
+
+
+def _full_mb(module) -> float:
+    """MB of ``module``'s parameters unsharded (a DTensor counts its global shape)."""
+    return 0.0 if module is None else sum(p.numel() * p.element_size() for p in module.parameters()) / 2**20
+
+
 class RankSkewProbe(Callback):
     """Makes the ranks' rollouts as unequal as possible and records what each rank did.
 
@@ -65,6 +78,8 @@ class RankSkewProbe(Callback):
                     "optimizer_steps": trainer.global_step,
                     "backwards": self.backwards,
                     "allreduces": self.allreduces,
+                    "reference_local_mb": _local_mb(pl_module._ref),
+                    "reference_full_mb": _full_mb(pl_module._ref),
                     "turns": self.turns,
                     "world_size": trainer.world_size,
                 },

@@ -279,6 +279,11 @@ def test_fsdp2_two_ranks_with_resume_match_one_process_on_the_same_trajectories(
     assert moved > 1e-3  # the comparison below is 100x finer than what training changed
     for k in single_state:
         torch.testing.assert_close(sharded_state[k], single_state[k], atol=1e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+    # the KL reference is sharded like the policy: each rank holds half of it (the tiny tied model shards evenly)
+    probes = [json.loads((tmp_path / "probe" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for p in probes:
+        assert p["reference_full_mb"] > 0, p
+        assert p["reference_local_mb"] == pytest.approx(p["reference_full_mb"] / 2, rel=0.05), p
 
 
 # -- FSDP1 wiring (GPU-only strategy; checked without a GPU) --------------------------------------
