@@ -115,8 +115,13 @@ def plot_curves(
 ) -> None:
     """One subplot per panel ``(title, x label, {label: [curve per seed = [(x, y)...]]})``: the
     mean over seeds with a ±std band (points paired by index). ``ncols`` panels per row (default:
-    all in one row)."""
-    import matplotlib
+    all in one row). Without matplotlib (e.g. the nox vLLM venv the LLM study runs in) it says so
+    and draws nothing: the records and tables do not depend on the plot."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib is not installed: {path} not drawn (pip install matplotlib)", flush=True)
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
