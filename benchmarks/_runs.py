@@ -20,18 +20,18 @@ def thread_env(threads: int) -> dict:
     return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
 
 
+def fit_cmd(config: str | Path, *args: str) -> list[str]:
+    """``python -m rspo_lightning.cli fit --config CONFIG ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "rspo_lightning.cli", "fit", "--config", str(config), *args]
+
+
 def fit_job(name: str, config: str, seed: int, extra: list[str], runs: str, threads: int = 1) -> Path:
     """One ``rspo-lightning fit`` run into ``<runs>/<name>/seed<seed>``; skipped when ``done.json`` exists."""
     run_dir = Path(runs) / name / f"seed{seed}"
     if (run_dir / "done.json").exists():
         return run_dir
-    cmd = [
-        sys.executable,
-        "-m",
-        "rspo_lightning.cli",
-        "fit",
-        "--config",
-        str(ROOT / config),
+    cmd = fit_cmd(
+        ROOT / config,
         f"--seed_everything={seed}",
         f"--model.seed={seed}",
         f"--data.seed={seed}",
@@ -41,7 +41,7 @@ def fit_job(name: str, config: str, seed: int, extra: list[str], runs: str, thre
         f"--trainer.logger.init_args.name={name}",
         f"--trainer.logger.init_args.version=seed{seed}",
         *extra,
-    ]
+    )
     env = thread_env(threads)
     run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()

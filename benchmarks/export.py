@@ -21,7 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _runs import ROOT, fit_cmd
+
 SMALL = [
     "--data.iterations_per_epoch=1",
     "--data.groups_per_iteration=2",
@@ -46,19 +47,14 @@ def make_checkpoint(work: Path, model: str, strategy: str) -> Path:
     ckpt = run / "quickstart" / "checkpoints" / "last.ckpt"
     if ckpt.exists():
         return ckpt
-    cmd = [
-        sys.executable,
-        "-m",
-        "rspo_lightning.cli",
-        "fit",
-        "--config",
+    cmd = fit_cmd(
         str(ROOT / "configs" / "quickstart.yaml"),
         *STRATEGIES[strategy],
         *SMALL,
         *MODELS[model],
         f"--trainer.default_root_dir={run}",
         "--trainer.logger.init_args.name=quickstart",
-    ]
+    )
     if strategy == "fsdp2":  # IterationCheckpoint writes the distributed folder under the strategy
         cmd.append("--trainer.enable_checkpointing=true")
     subprocess.run(

@@ -22,24 +22,18 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _runs import ROOT, thread_env
+from _runs import ROOT, fit_cmd, thread_env
 
 STRATEGIES = {"ddp": "configs/trainer/ddp_cpu.yaml", "fsdp2": "configs/trainer/fsdp2_cpu.yaml"}
 MODES = ("step", "micro_batch")
 
 
 def run(strategy: str, mode: str, args, out: Path) -> list[dict]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "rspo_lightning.cli",
-        "fit",
-        "--config",
+    cmd = fit_cmd(
         str(args.root / "configs" / "quickstart.yaml"),
         "--config",
         str(args.root / STRATEGIES[strategy]),
@@ -65,7 +59,7 @@ def run(strategy: str, mode: str, args, out: Path) -> list[dict]:
         "--trainer.logger=false",
         "--trainer.callbacks+=_grad_sync_probe.GradSyncProbe",
         f"--trainer.callbacks.out_dir={out}",
-    ]
+    )
     env = {**thread_env(1), "PYTHONPATH": os.pathsep.join([str(args.root), str(ROOT / "benchmarks")])}
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=out.parent, env=env, capture_output=True, text=True, timeout=1800)

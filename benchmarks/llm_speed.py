@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _runs import ROOT, thread_env
+from _runs import ROOT, fit_cmd, thread_env
 
 ONE_ITERATION = [
     "--trainer.max_epochs=1",
@@ -121,12 +121,7 @@ def matmul_ceiling(size: int = 2048, reps: int = 10) -> float:
 
 def run_variant(name: str, out: str, seed: int, threads: int) -> dict:
     config, overrides, _ = VARIANTS[name]
-    cmd = [
-        sys.executable,
-        "-m",
-        "rspo_lightning.cli",
-        "fit",
-        "--config",
+    cmd = fit_cmd(
         str(ROOT / config),
         *ONE_ITERATION,
         f"--seed_everything={seed}",
@@ -134,7 +129,7 @@ def run_variant(name: str, out: str, seed: int, threads: int) -> dict:
         f"--trainer.logger.init_args.name={name}",
         "--trainer.logger.init_args.version=0",
         *overrides,
-    ]
+    )
     env = thread_env(threads)
     t0 = time.time()
     with open(Path(out) / f"{name}.log", "w") as log:
