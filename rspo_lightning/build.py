@@ -106,7 +106,9 @@ def reference_model(policy: nn.Module, reference: nn.Module | None, lora: bool) 
         finally:
             # FSDP2 leaves a root module's parameters unsharded after its forward (a backward would
             # need them next); the reference has no backward, so it gives them back here
-            if hasattr(reference, "reshard"):
+            from torch.distributed.fsdp import FSDPModule
+
+            if isinstance(reference, FSDPModule):
                 reference.reshard()
 
 

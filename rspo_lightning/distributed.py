@@ -166,16 +166,21 @@ def shard_fsdp2(model: nn.Module, mesh) -> nn.Module:
     return model
 
 
-@contextmanager
-def no_gradient_sync(strategy, modules: nn.Module) -> Iterator[None]:
-    """Backwards inside accumulate gradients on each rank without synchronising them: DDP through
-    Lightning's ``block_backward_sync`` (DDP's ``no_sync``), FSDP2 by
-    ``set_requires_gradient_sync(False)`` on every ``fully_shard``-ed module under ``modules``
-    (gradients stay unsharded until the next synchronised backward). FSDP1 and one process: no-op."""
-    from lightning.pytorch.strategies import ParallelStrategy
+def fsdp2_modules(module: nn.Module) -> list[nn.Module]:
+    """The ``fully_shard``-ed modules under ``module`` (none without FSDP2)."""
     from torch.distributed.fsdp import FSDPModule
 
-    sharded = [m for m in modules.modules() if isinstance(m, FSDPModule)]
+    return [m for m in module.modules() if isinstance(m, FSDPModule)]
+
+
+@contextmanager
+def no_gradient_sync(strategy, sharded: Sequence[nn.Module] = ()) -> Iterator[None]:
+    """Backwards inside accumulate gradients on each rank without synchronising them: DDP through
+    Lightning's ``block_backward_sync`` (DDP's ``no_sync``), FSDP2 by
+    ``set_requires_gradient_sync(False)`` on the ``sharded`` modules (``fsdp2_modules``; gradients
+    stay unsharded until the next synchronised backward). FSDP1 and one process: no-op."""
+    from lightning.pytorch.strategies import ParallelStrategy
+
     for m in sharded:
         m.set_requires_gradient_sync(False, recurse=False)
     try:

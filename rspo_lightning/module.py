@@ -24,7 +24,7 @@ from rspo_lightning.build import build_models, build_optimizers, reference_model
 from rspo_lightning.checkpointing import AtomicCheckpointIO, load_counters, save_counters
 from rspo_lightning.config import AlgorithmConfig, EnvConfig, OptimConfig, PolicyConfig
 from rspo_lightning.critic import CriticConfig
-from rspo_lightning.distributed import all_sum, is_sharded, lockstep_count, no_gradient_sync
+from rspo_lightning.distributed import all_sum, fsdp2_modules, is_sharded, lockstep_count, no_gradient_sync
 from rspo_lightning.envs import make_env
 from rspo_lightning.evaluation import HeldOutEpisodes
 from rspo_lightning.rewards import DenseReward, ReadsTokenIds, assign_dense_rewards
@@ -324,7 +324,9 @@ class AgentRLModule(HeldOutEpisodes, metrics.IterationLog, pl.LightningModule):
         """The context micro-batches before a minibatch's last run in (``algorithm.grad_sync``)."""
         strategy = self._trainer.strategy if self._trainer is not None else None
         once = self.algo.grad_sync == "step" or (self.algo.grad_sync == "auto" and not is_sharded(strategy))
-        return functools.partial(no_gradient_sync, strategy, self) if once else contextlib.nullcontext
+        if not once:
+            return contextlib.nullcontext
+        return functools.partial(no_gradient_sync, strategy, fsdp2_modules(self))  # found once per update
 
     def _update(
         self, batch: TrainBatch, replay_weight: float | None = None, den: update.Denominators | None = None
