@@ -114,6 +114,11 @@ LLM = {**QUICK, "num_valid_seen": 256, "num_valid_unseen": 256}
 # llm_r2: the same with 2 receptacles, the smallest change after 0 wins in 512 training episodes at 4 (docs/llm.md):
 # a uniformly random admissible policy wins 19.1 % / 22.3 % there (docs/data/llm_study/start_easier_random.json)
 LLM_R2 = {**LLM, "num_receptacles": 2}
+# llm_sft: the llm setting (4 receptacles) from a short SFT warm start on the env's expert, after 0 wins in
+# 512 + 256 training episodes at 4 and 2 receptacles: the model does not leave its take / put-back loop by RL
+# alone. The warm start is configs/llm/smollm2_sft.yaml's export (64 expert demos, one epoch; docs/llm.md):
+# copy or link it to SFT_POLICY in the worktree the study runs from.
+SFT_POLICY = "runs/llm_sft/hf"
 SETTINGS = {
     "hard": HARD,
     "quickstart": QUICK,
@@ -121,6 +126,7 @@ SETTINGS = {
     "hard_copy": HARD,
     "llm": LLM,
     "llm_r2": LLM_R2,
+    "llm_sft": LLM,
 }
 LLM_OVERRIDES = (
     "--trainer.num_sanity_val_steps=0",
@@ -136,9 +142,10 @@ SETTING_OVERRIDES = {  # a setting's model (and validation) overrides, after the
     "hard_copy": COPY_MODEL,
     "llm": LLM_OVERRIDES,
     "llm_r2": LLM_OVERRIDES,
+    "llm_sft": (*LLM_OVERRIDES, f"--model.policy.source={SFT_POLICY}"),
 }
 # a setting's own config for each compare/ config a run names (the run's overrides stay)
-SETTING_CONFIGS = {"llm": LLM_CONFIGS, "llm_r2": LLM_CONFIGS}
+SETTING_CONFIGS = {"llm": LLM_CONFIGS, "llm_r2": LLM_CONFIGS, "llm_sft": LLM_CONFIGS}
 # the settings of --quick-budget and --quick-a-updates (the others: --budget, --a-updates)
 QUICK_SETTINGS = ("quickstart", "quickstart_copy")
 PROGRESS = "rspo_lightning.rewards.EnvProgressReward"
@@ -627,7 +634,7 @@ def curve_of(history: dict) -> list[dict]:
 ENV_SLACK = 0.05  # how far past the env-step budget a validation still counts (a base run's last iteration crosses it)
 # a setting whose budget is a few iterations: one iteration's steps (4 groups x 8 episodes x 10 turns) is more than 5 %
 # of it, and a base run's last iteration crosses the budget by up to that much
-ITERATION_STEPS = {"llm": 320, "llm_r2": 320}
+ITERATION_STEPS = {"llm": 320, "llm_r2": 320, "llm_sft": 320}
 
 
 def distinct_weights(curve: list[dict]) -> list[dict]:

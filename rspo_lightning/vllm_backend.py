@@ -34,7 +34,41 @@ from rspo_lightning.serialization import checkpoint_safe
 log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_DIR_PREFIX = "rspo_vllm_"  # + "<pid>_": the owner's pid, so a later run can remove a killed run's copy
 CHOICES_KEY = "rspo_choices"  # SamplingParams.extra_args key of a request's allowed token sequences (vllm_trie.py)
+
+
+def remove_orphaned_weight_dirs(base: str) -> list[str]:
+    """Remove the weights directories (``rspo_vllm_<pid>_*``) in ``base`` whose process is gone.
+
+    ``close`` removes a run's own directory, but a run killed by a signal (``kill -9``, the kernel's
+    OOM killer, a machine's restart of the job) never gets there, and its copy of the weights stays
+    in /dev/shm, which is RAM: 0.6 GB for SmolLM2 in fp32, 28 GB for a 7B model. Directories of
+    live processes and names without a pid are left alone. Returns the paths removed."""
+    removed = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(WEIGHTS_DIR_PREFIX) :].split("_", 1)[0]
+        if not name.startswith(WEIGHTS_DIR_PREFIX) or not pid.isdigit() or _alive(int(pid)):
+            continue
+        path = os.path.join(base, name)
+        shutil.rmtree(path, ignore_errors=True)
+        log.warning("removed %s: the vLLM weights copy of a process (pid %s) that no longer runs", path, pid)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 @checkpoint_safe
@@ -221,8 +255,12 @@ class VLLMGenerator:
         self.llm = None
         self._asleep = False
         self._own_dir = config.weights_dir is None
-        base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-        self.directory = tempfile.mkdtemp(prefix="rspo_vllm_", dir=base) if self._own_dir else config.weights_dir
+        if self._own_dir:
+            base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+            remove_orphaned_weight_dirs(base)
+            self.directory = tempfile.mkdtemp(prefix=f"{WEIGHTS_DIR_PREFIX}{os.getpid()}_", dir=base)
+        else:
+            self.directory = config.weights_dir
         os.makedirs(self.directory, exist_ok=True)
         self._write_model_files(model)
         atexit.register(self.close)

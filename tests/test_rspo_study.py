@@ -420,6 +420,11 @@ def test_llm_setting_plays_the_llm_configs_and_validates_at_the_end():
     assert r2.config == "configs/llm/smollm2_rspo.yaml" and r2.overrides[-3:] == study.SETTING_OVERRIDES["llm"]
     env = json.loads(next(o for o in r2.overrides if o.startswith("--data.env.kwargs=")).split("=", 1)[1])
     assert env["num_receptacles"] == 2 and env["num_valid_seen"] == 256
+    # llm_sft: the 4-receptacle env from the SFT warm start (the source override comes last, so it wins)
+    sft = study.make_job("llm_sft", "grpo", 0, 2240, val_tasks=256)
+    assert sft.overrides[-1] == f"--model.policy.source={study.SFT_POLICY}"
+    env = json.loads(next(o for o in sft.overrides if o.startswith("--data.env.kwargs=")).split("=", 1)[1])
+    assert env["num_receptacles"] == 4 and env["num_valid_unseen"] == 256
 
 
 def test_every_attempt_records_its_machine():

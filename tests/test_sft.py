@@ -390,3 +390,33 @@ def test_rl_config_from_sft_uses_the_sft_model_as_policy_and_reference(demo_dir,
     with m.reference_model() as ref:
         assert ref is not m.policy and all(not p.requires_grad for p in ref.parameters())
         assert all(torch.equal(p, q) for p, q in zip(ref.parameters(), sft.parameters()))
+
+
+def test_llm_sft_config_fits_the_demos_it_names(demo_dir, tmp_path):
+    """configs/llm/smollm2_sft.yaml (the LLM study's warm start) with the tiny demo policy standing in for
+    SmolLM2: one optimizer step, then the export an RL config's policy.source loads."""
+    import os
+
+    from lightning.pytorch import LightningDataModule, LightningModule
+
+    from rspo_lightning.cli import AgentArgumentParser, AgentCLI
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    args = ["--config", os.path.join(root, "configs", "llm", "smollm2_sft.yaml")]
+    args += ["--model.init_args.policy.source", str(demo_dir / "policy")]
+    args += ["--data.init_args.train_path", str(demo_dir / "demos.jsonl")]
+    args += ["--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.max_steps", "1"]
+    args += ["--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false"]
+    cli = AgentCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        args=["fit", *args],
+        auto_configure_optimizers=False,
+        parser_class=AgentArgumentParser,
+    )
+    assert isinstance(cli.model, SFTModule) and cli.trainer.global_step == 1
+    exported, _ = load_policy(cli.model.export_dir)
+    for p, q in zip(exported.parameters(), cli.model.policy.parameters()):
+        assert torch.equal(p, q)

@@ -2,6 +2,9 @@
 scored along, and the errors a user gets."""
 
 import copy
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,7 +15,7 @@ from rspo_lightning.language_model import apply_lora
 from rspo_lightning.rollout import RolloutConfig, RolloutEngine
 from rspo_lightning.trie import ActionTrie
 from rspo_lightning.types import TaskSpec
-from rspo_lightning.vllm_backend import VLLMConfig, full_state_dict, save_weights
+from rspo_lightning.vllm_backend import VLLMConfig, full_state_dict, remove_orphaned_weight_dirs, save_weights
 
 
 def test_full_state_dict_is_the_hf_checkpoint_with_an_explicit_tied_head(tiny_policy):
@@ -205,3 +208,20 @@ def test_every_weight_change_marks_the_engine_stale():
     m.engine._weights_stale = False
     m.restore_trainable(snapshot)
     assert m.engine._weights_stale
+
+
+def test_a_killed_runs_weights_copy_is_removed_and_a_live_ones_kept(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # reaped: its pid no longer names a process
+    names = {
+        "gone": f"rspo_vllm_{dead.pid}_abc",
+        "live": f"rspo_vllm_{os.getpid()}_def",  # this test's own process
+        "old": "rspo_vllm_x1y2z3",  # a name without a pid (written before the pid was in it)
+        "other": f"other_{dead.pid}_abc",
+    }
+    for name in names.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"0" * 16)
+    assert remove_orphaned_weight_dirs(str(tmp_path)) == [str(tmp_path / names["gone"])]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(v for k, v in names.items() if k != "gone")
+    assert remove_orphaned_weight_dirs(str(tmp_path / "missing")) == []
