@@ -18,6 +18,9 @@ ENV_ENTRY_POINTS = {
     "rspo/TextWorld-v0": "rspo_lightning.envs.textworld_env:TextWorld",
     "rspo/ALFWorld-v0": "rspo_lightning.envs.alfworld_env:ALFWorld",
     "rspo/WebShop-v0": "rspo_lightning.envs.webshop_env:WebShop",
+    # environments in other tools' formats (docs/environments_byo.md; pip install -e ".[openenv]" / ".[textarena]")
+    "rspo/OpenEnv-v0": "rspo_lightning.envs.openenv_env:OpenEnv",
+    "rspo/TextArena-v0": "rspo_lightning.envs.textarena_env:TextArena",
     # fault injection around any env (reliability tests, benchmarks/soak.py)
     "rspo/Faulty-v0": "rspo_lightning.envs.faults:FaultyEnv",
 }

@@ -9,6 +9,7 @@ so that a typo in an env id fails with the list of ids that do exist.
 from __future__ import annotations
 
 import difflib
+import importlib
 import inspect
 import numbers
 import random
@@ -262,15 +263,33 @@ def registered_env_ids() -> list[str]:
     return sorted(env_id for env_id in gymnasium.registry if env_id.startswith(ENV_ID_PREFIX))
 
 
-def make_env(env_id: str, **kwargs: Any) -> gymnasium.Env:
-    """`gymnasium.make(env_id, **kwargs)` for a registered `rspo/` id.
+def make_env(env_id: str, /, **kwargs: Any) -> gymnasium.Env:
+    """`gymnasium.make(env_id, **kwargs)` for a registered id.
+
+    `env_id` may be gymnasium's `module:EnvId` form: the module is imported first, and registers
+    the env when imported (`my_envs:my/Guess-v0` in `data.env.env_id` for an env of your own:
+    docs/environments_byo.md). `env_id` is positional-only, so an env may take an `env_id`
+    keyword of its own (rspo/TextArena-v0: the game's).
 
     Raises ValueError naming the bad id and listing the registered `rspo/` ids when `env_id`
     is unknown, and TypeError naming a keyword argument the env does not take, with the closest
     accepted one and the list of them (wrappers such as `rspo/Faulty-v0` included).
     """
+    if env_id not in gymnasium.registry and ":" in env_id:
+        module, _, name = env_id.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(
+                f"env id {env_id!r}: module {module!r} cannot be imported ({exc}); name an importable module "
+                "that registers the env (`module:EnvId`), or a registered id"
+            ) from exc
+        env_id = name
     if env_id not in gymnasium.registry:
-        raise ValueError(f"unknown env id {env_id!r}; registered rspo envs: {registered_env_ids()}")
+        raise ValueError(
+            f"unknown env id {env_id!r}; registered rspo envs: {registered_env_ids()} (an env of your own: "
+            "`module:EnvId`, where importing module registers EnvId)"
+        )
     spec = gymnasium.spec(env_id)
     if spec.entry_point is not None:
         creator = spec.entry_point if callable(spec.entry_point) else load_env_creator(spec.entry_point)
