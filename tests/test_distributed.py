@@ -310,7 +310,9 @@ def _fsdp_strategy_from_yaml():
         spec = yaml.safe_load(f)["trainer"]["strategy"]
     parser = ArgumentParser()
     parser.add_subclass_arguments(Strategy, "strategy")
-    return parser.instantiate(parser.parse_object({"strategy": spec})).strategy
+    cfg = parser.parse_object({"strategy": spec})
+    # instantiate() is jsonargparse >= 4.49's name (instantiate_classes before, deprecated since)
+    return (parser.instantiate(cfg) if hasattr(parser, "instantiate") else parser.instantiate_classes(cfg)).strategy
 
 
 @pytest.mark.parametrize("kind, layer", [("llama", "LlamaDecoderLayer"), ("qwen2", "Qwen2DecoderLayer")])

@@ -24,7 +24,7 @@ from typing import Any
 
 import gymnasium
 
-from rspo_lightning.envs.base import make_env
+from rspo_lightning.envs.base import TextEnv, make_env
 from rspo_lightning.envs.pool import WORKER_ENV_VAR
 
 MODES = ("raise", "hang", "garbage", "die")
@@ -46,6 +46,10 @@ class FaultyEnv(gymnasium.Wrapper):
 
     _instances = itertools.count()
     injected_total = {m: 0 for m in MODES}  # over every instance of the process (soak reports)
+
+    # a dict on the class, as on every TextEnv: gymnasium < 1.4's make() checks the entry point's class
+    # metadata, and Wrapper's is a property there (InvalidMetadata; found by nox -s lowest)
+    metadata = TextEnv.metadata
 
     def __init__(
         self,
