@@ -337,6 +337,7 @@ def build_tiny_tokenizer(corpus: Sequence[str], model_max_length: int = 1024) ->
         additional_special_tokens=list(ROLE_TOKENS),
         clean_up_tokenization_spaces=False,
         model_max_length=model_max_length,
+        model_input_names=["input_ids", "attention_mask"],  # a Llama's: no token_type_ids for generate()
     )
     tokenizer.chat_template = TINY_CHAT_TEMPLATE
     return tokenizer

@@ -110,7 +110,7 @@ def test_every_config_error_is_one_error_line_and_exit_2(case, tmp_path, capsys,
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert info.value.code == 2 and "Traceback" not in err, err[-3000:]
-    assert len(errors) == 1 and says in err, err[-3000:]
+    assert len(errors) == 1 and says.lower() in err.lower(), err[-3000:]  # jsonargparse < 4.5x: "Unrecognized"
     if case == "decay_value":  # the hint names the allowed values, never an option for a value
         assert "allowed: constant, linear, cosine" in err and "did you mean 'trainer'" not in err
     if case == "abbreviated":
