@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import glob
 import logging
 import os
 import shutil
@@ -29,46 +30,30 @@ import torch
 from torch import nn
 
 from rspo_lightning import choices
+from rspo_lightning.runfiles import remove_stale_temps
 from rspo_lightning.serialization import checkpoint_safe
 
 log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_DIR_PREFIX = "rspo_vllm_"  # + "<pid>_": the owner's pid, so a later run can remove a killed run's copy
+WEIGHTS_DIR_PREFIX = (
+    "rspo_vllm_"  # "rspo_vllm_<random>.tmp-<pid>": the owner's pid, so a later run can remove a killed run's copy
+)
 CHOICES_KEY = "rspo_choices"  # SamplingParams.extra_args key of a request's allowed token sequences (vllm_trie.py)
 
 
 def remove_orphaned_weight_dirs(base: str) -> list[str]:
-    """Remove the weights directories (``rspo_vllm_<pid>_*``) in ``base`` whose process is gone.
+    """Remove the weights directories in ``base`` whose process is gone (``runfiles.remove_stale_temps``
+    on ``rspo_vllm_*.tmp-<pid>``).
 
     ``close`` removes a run's own directory, but a run killed by a signal (``kill -9``, the kernel's
     OOM killer, a machine's restart of the job) never gets there, and its copy of the weights stays
     in /dev/shm, which is RAM: 0.6 GB for SmolLM2 in fp32, 28 GB for a 7B model. Directories of
     live processes and names without a pid are left alone. Returns the paths removed."""
-    removed = []
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return removed
-    for name in names:
-        pid = name[len(WEIGHTS_DIR_PREFIX) :].split("_", 1)[0]
-        if not name.startswith(WEIGHTS_DIR_PREFIX) or not pid.isdigit() or _alive(int(pid)):
-            continue
-        path = os.path.join(base, name)
-        shutil.rmtree(path, ignore_errors=True)
-        log.warning("removed %s: the vLLM weights copy of a process (pid %s) that no longer runs", path, pid)
-        removed.append(path)
+    removed = remove_stale_temps(os.path.join(glob.escape(base), f"{WEIGHTS_DIR_PREFIX}*.tmp-*"))
+    for path in removed:
+        log.warning("removed %s: the vLLM weights copy of a process that no longer runs", path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
 
 
 @checkpoint_safe
@@ -258,7 +243,7 @@ class VLLMGenerator:
         if self._own_dir:
             base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
             remove_orphaned_weight_dirs(base)
-            self.directory = tempfile.mkdtemp(prefix=f"{WEIGHTS_DIR_PREFIX}{os.getpid()}_", dir=base)
+            self.directory = tempfile.mkdtemp(prefix=WEIGHTS_DIR_PREFIX, suffix=f".tmp-{os.getpid()}", dir=base)
         else:
             self.directory = config.weights_dir
         os.makedirs(self.directory, exist_ok=True)

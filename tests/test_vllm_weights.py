@@ -214,10 +214,10 @@ def test_a_killed_runs_weights_copy_is_removed_and_a_live_ones_kept(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # reaped: its pid no longer names a process
     names = {
-        "gone": f"rspo_vllm_{dead.pid}_abc",
-        "live": f"rspo_vllm_{os.getpid()}_def",  # this test's own process
+        "gone": f"rspo_vllm_abc.tmp-{dead.pid}",
+        "live": f"rspo_vllm_def.tmp-{os.getpid()}",  # this test's own process
         "old": "rspo_vllm_x1y2z3",  # a name without a pid (written before the pid was in it)
-        "other": f"other_{dead.pid}_abc",
+        "other": f"other_abc.tmp-{dead.pid}",
     }
     for name in names.values():
         (tmp_path / name).mkdir()

@@ -32,7 +32,6 @@ importing `rspo_lightning` never needs them (`pip install rspo_lightning[alfworl
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -41,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rspo_lightning.envs.base import TextEnv, normalize_action
+from rspo_lightning.envs.base import TextEnv, normalize_action, text_anchor
 
 #: ALFWorld's six task types (the `task_type` of traj_data.json), in AlfredTWEnv's id order 1..6.
 TASK_TYPES: tuple[str, ...] = (
@@ -392,7 +391,7 @@ class ALFWorld(TextEnv):
         lines = [self._game.path] + [
             f"{name}({', '.join(args)})" for name, args in self._facts if name not in _BOOKKEEPING_FACTS
         ]
-        return "alfworld:" + hashlib.sha1("\n".join(lines).encode()).hexdigest()[:16]
+        return text_anchor("alfworld:", lines)
 
     def _privileged(self) -> str:
         """The task, where the agent is, what it holds, and every receptacle's state and contents."""

@@ -9,6 +9,7 @@ so that a typo in an env id fails with the list of ids that do exist.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib
 import inspect
 import numbers
@@ -31,6 +32,24 @@ NOTHING_HAPPENS = "Nothing happens."
 WORD_PATTERN = re.compile(r"\w+|[^\w\s]+")
 #: Prefix of the ids this package registers.
 ENV_ID_PREFIX = "rspo/"
+#: The splits of an env whose tasks are seeds (the adapters' default): training and two held-out.
+DEFAULT_SPLITS = ("train", "valid_seen", "valid_unseen")
+
+
+def text_anchor(prefix: str, parts: list[str]) -> str:
+    """``prefix`` + 16 hex digits of sha1 over ``parts`` joined by newlines: an `anchor` equal
+    exactly when the parts are (the state's facts, or an episode's whole history)."""
+    return prefix + hashlib.sha1("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def import_optional(module: str, env_id: str, extra: str) -> Any:
+    """``import module`` for an adapter; ImportError naming the env and the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"{env_id} needs the {module} package: pip install 'rspo_lightning[{extra}]' (or pip install {module})"
+        ) from exc
 
 
 def normalize_action(action: Any) -> str | None:

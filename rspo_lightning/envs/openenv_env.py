@@ -46,7 +46,6 @@ never needs it (`pip install -e ".[openenv]"`).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
 import json
 import typing
@@ -57,11 +56,10 @@ from typing import Any
 
 from gymnasium.envs.registration import load_env_creator
 
-from rspo_lightning.envs.base import NOTHING_HAPPENS, TextEnv, normalize_action
+from rspo_lightning.envs.base import DEFAULT_SPLITS, TextEnv, normalize_action, text_anchor
 
 #: Observation model fields OpenEnv's server sends apart from the observation dict.
 RESERVED_FIELDS = ("reward", "done", "metadata")
-DEFAULT_SPLITS = ("train", "valid_seen", "valid_unseen")
 _LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
 _SERVE_HINT = (
     "serve your env with openenv's create_app (e.g. `uvicorn my_env.server.app:app --port 8000`), "
@@ -482,7 +480,7 @@ class OpenEnv(TextEnv):
         if self.anchor_field is not None and self._fields:
             anchor = str(self._field(self._fields, self.anchor_field))
         else:
-            anchor = "oe:" + hashlib.sha1("\n".join([self._task, *self._history]).encode()).hexdigest()[:16]
+            anchor = text_anchor("oe:", [self._task, *self._history])
         return {
             "task": self._task,
             "task_type": self.task_type,
@@ -495,12 +493,6 @@ class OpenEnv(TextEnv):
             "invalid": invalid,
         }
 
-    def _invalid(self):
-        """ "Nothing happens.": nothing is sent, the state is unchanged, the step counts."""
-        if not self._done:
-            self._steps += 1
-            self._truncated = self._steps >= self.max_steps
-            if self._truncated:
-                self._done = True
-                self._admissible = {}
-        return self._observe(NOTHING_HAPPENS), 0.0, self._ended, self._truncated, self._info(True)
+    def _terminated(self) -> bool:
+        """The env said ``done`` (or the episode was won); TextEnv._invalid's "Nothing happens." reports it."""
+        return self._ended

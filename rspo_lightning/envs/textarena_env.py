@@ -39,14 +39,12 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import hashlib
 import random
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from rspo_lightning.envs.base import NOTHING_HAPPENS, TextEnv
+from rspo_lightning.envs.base import DEFAULT_SPLITS, TextEnv, import_optional, text_anchor
 
-DEFAULT_SPLITS = ("train", "valid_seen", "valid_unseen")
 #: The final reward TextArena's single-player games pay for a win.
 WIN_REWARD = 1.0
 # Message kinds (textarena.ObservationType names) the observation leaves out: the prompt is the
@@ -55,14 +53,7 @@ _NOT_OBSERVED = ("PROMPT", "PLAYER_ACTION")
 
 
 def _import_textarena():
-    try:
-        import textarena
-    except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise ImportError(
-            "rspo/TextArena-v0 needs the textarena package: pip install 'rspo_lightning[textarena]' "
-            "(or pip install textarena)"
-        ) from exc
-    return textarena
+    return import_optional("textarena", "rspo/TextArena-v0", "textarena")
 
 
 class TextArena(TextEnv):
@@ -238,7 +229,7 @@ class TextArena(TextEnv):
         return min(1.0, max(0.0, value))
 
     def _info(self, invalid: bool) -> dict[str, Any]:
-        anchor = "ta:" + hashlib.sha1("\n".join([self.game, self._task, *self._history]).encode()).hexdigest()[:16]
+        anchor = text_anchor("ta:", [self.game, self._task, *self._history])
         return {
             "task": self._task,
             "task_type": self.game,
@@ -251,11 +242,7 @@ class TextArena(TextEnv):
             "invalid": invalid,
         }
 
-    def _invalid(self):
-        """ "Nothing happens.": nothing reaches the game, the state is unchanged, the step counts."""
-        if not self._done:
-            self._steps += 1
-            self._truncated = self._steps >= self.max_steps
-            self._done = self._truncated
-        ended = self._done and not self._truncated and bool(self._history)
-        return self._observe(NOTHING_HAPPENS), 0.0, ended, self._truncated, self._info(True)
+    def _terminated(self) -> bool:
+        """The game ended by itself (a win or a loss; TextEnv._invalid's "Nothing happens." reports it):
+        not truncated, and not the empty episode before the first reset."""
+        return self._done and not self._truncated and bool(self._history)

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
 import re
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rspo_lightning.envs.base import TextEnv, normalize_action
+from rspo_lightning.envs.base import TextEnv, import_optional, normalize_action, text_anchor
 
 #: Split names a plain list of games serves (a dict of lists names its own splits).
 LIST_SPLITS: tuple[str, ...] = ("train",)
@@ -78,14 +77,7 @@ def _quiet_jericho():
 
 
 def _import_textworld():
-    try:
-        import textworld
-    except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise ImportError(
-            "rspo/TextWorld-v0 needs the textworld package: pip install 'rspo_lightning[textworld]' "
-            "(or pip install textworld)"
-        ) from exc
-    return textworld
+    return import_optional("textworld", "rspo/TextWorld-v0", "textworld")
 
 
 class TextWorld(TextEnv):
@@ -275,8 +267,7 @@ class TextWorld(TextEnv):
         """`tw:` + 16 hex digits of sha1 over the game file and its sorted facts: equal keys <=>
         equal world state (the facts are TextWorld's whole logical state: where the player and
         every object are, what is open, locked, eaten, ...)."""
-        digest = hashlib.sha1("\n".join([self._game_path, *self._facts]).encode()).hexdigest()
-        return f"tw:{digest[:16]}"
+        return text_anchor("tw:", [self._game_path, *self._facts])
 
     def _privileged(self) -> str:
         """The task and every fact of the world state, one a line, sorted."""
