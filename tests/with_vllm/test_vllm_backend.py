@@ -178,8 +178,9 @@ def test_constrained_choices_are_always_admissible(tiny_policy32):
         engine.shutdown()
 
 
-def test_fit_with_the_vllm_backend_logs_and_trains(tmp_path):
-    """``rspo-lightning fit --model.rollout.backend vllm``: 2 iterations, weights pushed after each."""
+def test_fit_with_the_vllm_backend_logs_trains_and_resumes(tmp_path):
+    """``rspo-lightning fit --model.rollout.backend vllm``: 2 iterations, weights pushed after each;
+    then a resume from ``last.ckpt`` whose engine generates from the restored weights."""
     import glob
     import subprocess
     import sys
@@ -252,6 +253,22 @@ def test_fit_with_the_vllm_backend_logs_and_trains(tmp_path):
     fresh.configure_model()
     initial = fresh.state_dict()
     assert [k for k in initial if not torch.equal(initial[k], ckpt["state_dict"][k])], "no parameter changed during fit"
+
+    # resumed from last.ckpt: the engine is built from the restored weights, not the initial ones
+    # (iteration 3's behaviour log-probs match the training forward of the checkpoint's policy)
+    last = glob.glob(str(tmp_path / "runs" / "**" / "last.ckpt"), recursive=True)[0]
+    resume = [*args, "--trainer.max_epochs", "2", "--ckpt_path", last]  # epoch 2: iterations 3 and 4
+    proc = subprocess.run(
+        [sys.executable, "-m", "rspo_lightning.cli", *resume], cwd=tmp_path, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    steps = {}
+    for path in glob.glob(str(tmp_path / "runs" / "**" / "events.out.tfevents*"), recursive=True):
+        acc = EventAccumulator(path, size_guidance={"scalars": 0})
+        acc.Reload()
+        if "rollout/logprob_mismatch_max" in acc.Tags()["scalars"]:
+            steps.update({e.step: e.value for e in acc.Scalars("rollout/logprob_mismatch_max")})
+    assert sorted(steps) == [1, 2, 3, 4] and max(steps.values()) < 1e-3, (steps, proc.stderr[-3000:])
 
 
 @pytest.fixture(scope="module")
