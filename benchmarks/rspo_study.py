@@ -439,7 +439,9 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def launch(job: Job, out_runs, threads: int = 1, resume: bool | None = None) -> subprocess.Popen:
+def launch(
+    job: Job, out_runs, threads: int = 1, resume: bool | None = None, rebudget: bool = False
+) -> subprocess.Popen:
     """Start ``job``'s fit (resumed from ``last.ckpt`` if there is one, unless ``resume`` says)
     as a child process writing ``stdout.<attempt>.log`` in its run folder; the attempt is
     logged in ``attempts.json`` there. Refuses while another fit of the folder is alive."""
@@ -453,7 +455,7 @@ def launch(job: Job, out_runs, threads: int = 1, resume: bool | None = None) -> 
     rd.mkdir(parents=True, exist_ok=True)
     attempts = _read_json(rd / "attempts.json", [])
     log = rd / f"stdout.{len(attempts)}.log"
-    _check_same_job(job, attempts, rd)
+    _check_same_job(job, attempts, rd, rebudget)
     entry = {
         "attempt": len(attempts),
         "resumed": resume,
@@ -525,10 +527,12 @@ def _job_args(job: Job) -> dict:
     return {"config": job.config, "overrides": list(job.overrides), "budget": job.budget}
 
 
-def _check_same_job(job: Job, attempts: list[dict], rd: Path) -> None:
-    """A run folder is resumed or reused only by the job that made it."""
+def _check_same_job(job: Job, attempts: list[dict], rd: Path, rebudget: bool = False) -> None:
+    """A run folder is resumed or reused only by the job that made it (with ``rebudget``, one that
+    differs only in its budget: each attempt keeps its own in attempts.json and the record)."""
+    keys = ("config", "overrides") if rebudget else ("config", "overrides", "budget")
     for a in attempts:
-        if {k: a.get(k) for k in ("config", "overrides", "budget")} != _job_args(job):
+        if {k: a.get(k) for k in keys} != {k: _job_args(job)[k] for k in keys}:
             raise RuntimeError(
                 f"{job.key}: {rd} was made by attempt {a.get('attempt')} with other arguments "
                 f"({ {k: a.get(k) for k in ('config', 'overrides', 'budget')} }); delete the folder or use another --out-runs"
@@ -552,20 +556,23 @@ def checkpoint_history(path: Path) -> dict | None:
     return history_from_checkpoint(load_checkpoint_file(str(path)))
 
 
-def run_one(job: Job, records, out_runs, threads: int = 1, keep_checkpoints: bool = False, log=print) -> dict:
+def run_one(
+    job: Job, records, out_runs, threads: int = 1, keep_checkpoints: bool = False, log=print, rebudget: bool = False
+) -> dict:
     """Run, resume or skip ``job``; write and return its record.
 
     Skipped when its record exists; otherwise a finished ``history.json`` (or a ``last.ckpt``
     written after the run's last validation) gives the record without fitting; otherwise the fit
     is resumed from ``last.ckpt`` or started. The run's checkpoints are deleted once the record
-    is written, unless ``keep_checkpoints``."""
+    is written, unless ``keep_checkpoints``. ``rebudget``: resume a run started with another
+    budget (``--rebudget``; the record's ``budget_changes`` lists every attempt's)."""
     rec_path = record_path(job, records)
     record = _read_json(rec_path)
     if record is not None:
         log(f"skip {job.key}: record {rec_path} exists")
         return record
     rd = run_dir(job, out_runs)
-    _check_same_job(job, _read_json(rd / "attempts.json", []), rd)
+    _check_same_job(job, _read_json(rd / "attempts.json", []), rd, rebudget)
     hist_path, ckpt = rd / "history.json", rd / "checkpoints" / "last.ckpt"
     history = _read_json(hist_path)
     if not (history or {}).get("finished") and ckpt.exists():
@@ -574,7 +581,7 @@ def run_one(job: Job, records, out_runs, threads: int = 1, keep_checkpoints: boo
             log(f"{job.key}: finished in {ckpt}, no fit needed")
             _write_json(hist_path, history)  # kept after the checkpoints go
     if not (history or {}).get("finished"):
-        proc = launch(job, out_runs, threads)
+        proc = launch(job, out_runs, threads, rebudget=rebudget)
         log(f"{'resume' if ckpt.exists() else 'start'} {job.key} (pid {proc.pid})")
         rc = proc.wait()
         _end_attempt(rd, rc)
@@ -740,6 +747,17 @@ def build_record(
         "rollout_backend": rollout_backend(job),
         "machines": [a.get("machine") for a in attempts],  # one fingerprint per attempt (None: older records)
         "resumed": [a.get("resumed_from_iteration") for a in attempts if a.get("resumed")],
+        # the budget each attempt ran under, where one differs from the record's (--rebudget)
+        "budget_changes": [
+            {
+                "attempt": a.get("attempt"),
+                "budget": a.get("budget"),
+                "from_iteration": a.get("resumed_from_iteration", 0),
+            }
+            for a in attempts
+        ]
+        if any(a.get("budget", job.budget) != job.budget for a in attempts)
+        else [],
         "curve": curve,
         "diagnostics": diagnostics(history),
         "finals": finals(curve, n, job.budget, ITERATION_STEPS.get(job.setting, 0)),
@@ -1020,6 +1038,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--summarise-only", action="store_true", help="run nothing: summarise the records")
     p.add_argument("--dry-run", action="store_true", help="print each planned run's state and command; run nothing")
+    p.add_argument(
+        "--rebudget",
+        action="store_true",
+        help="resume runs started with another --budget; the change is disclosed in the record (budget_changes)",
+    )
     args = p.parse_args(argv)
     quick_a = args.a_updates if args.quick_a_updates is None else args.quick_a_updates
     DEFAULT_A_UPDATES.update({s: quick_a if s in QUICK_SETTINGS else args.a_updates for s in SETTINGS})
@@ -1066,6 +1089,7 @@ def main(argv: list[str] | None = None) -> None:
                     args.threads,
                     args.keep_checkpoints,
                     lambda m: print(m, flush=True),
+                    args.rebudget,
                 ): j
                 for j in todo
             }

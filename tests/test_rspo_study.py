@@ -430,3 +430,26 @@ def test_llm_setting_plays_the_llm_configs_and_validates_at_the_end():
 def test_every_attempt_records_its_machine():
     m = study.machine_fingerprint()
     assert m["cores"] == os.cpu_count() and m["torch"] and m["cpu"] and m["mem_kb"] > 0
+
+
+def test_a_run_resumed_under_another_budget_is_refused_unless_rebudget_and_then_disclosed(tmp_path):
+    job = study.make_job("llm_sft", "grpo_rspo", 0, 1800, val_tasks=256)
+    first = {"attempt": 0, "config": job.config, "overrides": list(job.overrides), "budget": 2000}
+    second = dict(first, attempt=1, budget=1800, resumed=True, resumed_from_iteration=6)
+    with pytest.raises(RuntimeError, match="with other arguments"):
+        study._check_same_job(job, [first], tmp_path)
+    study._check_same_job(job, [first], tmp_path, rebudget=True)
+    other = dict(first, overrides=[*first["overrides"], "--seed_everything=1"])
+    with pytest.raises(RuntimeError, match="with other arguments"):  # only the budget may differ
+        study._check_same_job(job, [other], tmp_path, rebudget=True)
+
+    val = {"0": {"val/success_rate": 0.3, "val_unseen/success_rate": 0.25}}
+    val["7"] = {"val/success_rate": 0.4, "val_unseen/success_rate": 0.3}
+    history = {"train": {str(s): {"rollout/env_steps": 260.0 * s} for s in range(1, 8)}, "val": val}
+    record = study.build_record(job, history, [first, second])
+    assert record["budget"] == 1800 and record["resumed"] == [6]
+    assert record["budget_changes"] == [
+        {"attempt": 0, "budget": 2000, "from_iteration": 0},
+        {"attempt": 1, "budget": 1800, "from_iteration": 6},
+    ]
+    assert study.build_record(job, history, [second])["budget_changes"] == []
