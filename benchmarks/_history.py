@@ -68,8 +68,9 @@ class RunHistory(pl.Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         # Restored from a checkpoint written after the stop request but before the last
-        # validation: the fit goes on (Lightning does not keep `should_stop`), so one more
-        # iteration is trained before the stop; counted so that the record can say so.
+        # validation: EnvStepBudget runs that validation before this hook and ends the fit; a
+        # stop requested by another callback is not kept by Lightning (`should_stop`), so the fit
+        # goes on and one more iteration is trained: counted so that the record can say so.
         if self.stop_requested_at is not None and self.stop_requested_at not in self.val:
             self.extra_iterations += 1
 

@@ -172,6 +172,56 @@ def test_env_step_budget_stops_the_fit():
         EnvStepBudget(0)
 
 
+def test_a_run_resumed_with_its_budget_spent_validates_without_another_iteration(tmp_path):
+    """Killed during its last validation, a budgeted run resumes to that validation only: no
+    iteration past the one that spent the budget."""
+    from rspo_lightning.callbacks import EnvStepBudget, IterationCheckpoint
+
+    seen = []
+
+    class Killed(Exception):
+        pass
+
+    class Probe(pl.Callback):
+        def __init__(self, crash: bool):
+            self.crash = crash
+
+        def on_validation_start(self, trainer, pl_module):
+            if not trainer.sanity_checking:
+                seen.append((pl_module.iteration, pl_module.env_steps))
+                if self.crash:
+                    raise Killed
+
+    def fit(crash: bool, ckpt_path=None):
+        m = _module()
+        dm = AgentDataModule(
+            env=ENV,
+            groups_per_iteration=2,
+            group_size=2,
+            iterations_per_epoch=50,
+            val_splits=["valid_seen"],
+            num_val_tasks=2,
+        )
+        callbacks = [EnvStepBudget(max_env_steps=20), IterationCheckpoint(dirpath=str(tmp_path)), Probe(crash)]
+        trainer = pl.Trainer(
+            max_epochs=1,
+            logger=False,
+            num_sanity_val_steps=0,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=callbacks,
+        )
+        trainer.fit(m, dm, ckpt_path=ckpt_path, weights_only=True)
+        return m
+
+    with pytest.raises(Killed):
+        fit(crash=True)
+    (done,) = seen
+    assert done[1] >= 20
+    resumed = fit(crash=False, ckpt_path=str(tmp_path / "last.ckpt"))
+    assert (resumed.iteration, resumed.env_steps) == done and seen == [done, done]
+
+
 def test_swap_partner_loss_is_added_with_its_warmed_up_coefficient():
     from rspo_lightning.config import SwapConfig
 

@@ -809,6 +809,57 @@ def test_an_rspo_run_under_a_budget_ends_at_a_loop_boundary_and_validates_agent_
     assert m2.iteration == 5
 
 
+def test_an_rspo_run_killed_in_its_last_validation_resumes_to_it_not_to_another_loop(tmp_path):
+    """Resumed after the loop that spent the budget, the run validates agent A and ends: no B of
+    a next loop is explored."""
+    from rspo_lightning.callbacks import EnvStepBudget, IterationCheckpoint
+
+    seen = []
+
+    class Killed(Exception):
+        pass
+
+    class Probe(pl.Callback):
+        def __init__(self, crash: bool):
+            self.crash = crash
+
+        def on_validation_start(self, trainer, pl_module):  # after RSPOLoop's hook (A swapped in, if B was active)
+            weights = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+            seen.append((pl_module.iteration, pl_module.env_steps, weights))
+            if self.crash:
+                raise Killed
+
+    def fit(crash: bool, ckpt_path=None):
+        torch.manual_seed(0)
+        m, loop = _module(), _loop(k=2, offline_ratio=0.25)
+        dm = AgentDataModule(
+            env=ENV,
+            groups_per_iteration=4,
+            group_size=2,
+            iterations_per_epoch=50,
+            val_splits=["valid_seen"],
+            num_val_tasks=2,
+        )
+        callbacks = [loop, EnvStepBudget(max_env_steps=1), IterationCheckpoint(dirpath=str(tmp_path)), Probe(crash)]
+        pl.Trainer(
+            max_epochs=10,
+            logger=False,
+            num_sanity_val_steps=0,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=callbacks,
+        ).fit(m, dm, ckpt_path=ckpt_path, weights_only=True)
+        return m, loop
+
+    with pytest.raises(Killed):
+        fit(crash=True)
+    m, loop = fit(crash=False, ckpt_path=str(tmp_path / "last.ckpt"))
+    (it, steps, weights), again = seen
+    assert it == 5 and again[:2] == (5, steps) and m.iteration == 5 and m.env_steps == steps
+    assert loop.counts["loops"] == 1 and loop.counts["b_iterations"] == 2  # restored: no B of a second loop
+    assert all(torch.equal(weights[k], again[2][k]) for k in weights)  # agent A both times
+
+
 def test_replay_token_share_logged_is_the_hand_count_over_the_rows_trained(monkeypatch):
     torch.manual_seed(0)
     m = _module()

@@ -13,7 +13,9 @@ class EnvStepBudget(pl.Callback):
     ``trainer.should_stop``, so Lightning runs one last validation before ending the fit.
     A callback with an ``at_loop_end(iterations_done)`` method (``RSPOLoop``) delays the stop
     to the end of its loop: an RSPO run ends after a completed exploit phase, with agent A's
-    weights, never with a B whose data was not used.
+    weights, never with a B whose data was not used. A run resumed with its budget already
+    spent at a loop end (killed during its last validation, or resumed under a smaller budget)
+    runs that validation at once and ends, without another iteration.
     Reusable with any LightningModule that counts its steps in an integer ``env_steps``
     attribute (summed over ranks).
 
@@ -32,8 +34,24 @@ class EnvStepBudget(pl.Callback):
                 f"EnvStepBudget needs a LightningModule with an integer `env_steps` counter; {type(pl_module).__name__} has none"
             )
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if pl_module.env_steps >= self.max_env_steps and all(
+    def _spent(self, trainer, pl_module) -> bool:
+        return pl_module.env_steps >= self.max_env_steps and all(
             cb.at_loop_end(pl_module.iteration) for cb in trainer.callbacks if hasattr(cb, "at_loop_end")
-        ):
+        )
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # A run resumed after the iteration that spent its budget (killed during its last
+        # validation): that validation now, then the end, and no further iteration. Lightning
+        # would otherwise train on (``should_stop`` is not checkpointed), and an RSPO run would
+        # start another loop.
+        if pl_module.iteration == 0 or not self._spent(trainer, pl_module):
+            return
+        if trainer.enable_validation:  # as Lightning's epoch loop runs it (lightning 2.6's loop API)
+            trainer.validating = True
+            trainer.fit_loop.epoch_loop.val_loop.run()
+            trainer.training = True
+        trainer.should_stop = True
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._spent(trainer, pl_module):
             trainer.should_stop = True
