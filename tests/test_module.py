@@ -3,7 +3,18 @@
 import lightning.pytorch as pl
 import pytest
 import torch
-from module_helpers import ENV, TINY, _changed, _module, _scored_batch, _snapshot, _Weights  # noqa: F401
+from module_helpers import (  # noqa: F401
+    ENV,
+    TINY,
+    KilledInValidation,
+    ValidationProbe,
+    _changed,
+    _module,
+    _scored_batch,
+    _snapshot,
+    _Weights,
+    fit_checkpointed,
+)
 
 from rspo_lightning import credit, update
 from rspo_lightning.batching import flatten, make_train_batch
@@ -175,51 +186,20 @@ def test_env_step_budget_stops_the_fit():
 def test_a_run_resumed_with_its_budget_spent_validates_without_another_iteration(tmp_path):
     """Killed during its last validation, a budgeted run resumes to that validation only: no
     iteration past the one that spent the budget."""
-    from rspo_lightning.callbacks import EnvStepBudget, IterationCheckpoint
+    from rspo_lightning.callbacks import EnvStepBudget
 
     seen = []
 
-    class Killed(Exception):
-        pass
-
-    class Probe(pl.Callback):
-        def __init__(self, crash: bool):
-            self.crash = crash
-
-        def on_validation_start(self, trainer, pl_module):
-            if not trainer.sanity_checking:
-                seen.append((pl_module.iteration, pl_module.env_steps))
-                if self.crash:
-                    raise Killed
-
     def fit(crash: bool, ckpt_path=None):
-        m = _module()
-        dm = AgentDataModule(
-            env=ENV,
-            groups_per_iteration=2,
-            group_size=2,
-            iterations_per_epoch=50,
-            val_splits=["valid_seen"],
-            num_val_tasks=2,
-        )
-        callbacks = [EnvStepBudget(max_env_steps=20), IterationCheckpoint(dirpath=str(tmp_path)), Probe(crash)]
-        trainer = pl.Trainer(
-            max_epochs=1,
-            logger=False,
-            num_sanity_val_steps=0,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            callbacks=callbacks,
-        )
-        trainer.fit(m, dm, ckpt_path=ckpt_path, weights_only=True)
-        return m
+        probe = ValidationProbe(seen, crash)
+        return fit_checkpointed(_module(), ENV, [EnvStepBudget(max_env_steps=20)], tmp_path, probe, 2, 1, ckpt_path)
 
-    with pytest.raises(Killed):
+    with pytest.raises(KilledInValidation):
         fit(crash=True)
-    (done,) = seen
+    (done,) = [s[:2] for s in seen]
     assert done[1] >= 20
     resumed = fit(crash=False, ckpt_path=str(tmp_path / "last.ckpt"))
-    assert (resumed.iteration, resumed.env_steps) == done and seen == [done, done]
+    assert (resumed.iteration, resumed.env_steps) == done and [s[:2] for s in seen] == [done, done]
 
 
 def test_swap_partner_loss_is_added_with_its_warmed_up_coefficient():

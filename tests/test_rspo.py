@@ -812,46 +812,20 @@ def test_an_rspo_run_under_a_budget_ends_at_a_loop_boundary_and_validates_agent_
 def test_an_rspo_run_killed_in_its_last_validation_resumes_to_it_not_to_another_loop(tmp_path):
     """Resumed after the loop that spent the budget, the run validates agent A and ends: no B of
     a next loop is explored."""
-    from rspo_lightning.callbacks import EnvStepBudget, IterationCheckpoint
+    from module_helpers import KilledInValidation, ValidationProbe, fit_checkpointed
+
+    from rspo_lightning.callbacks import EnvStepBudget
 
     seen = []
-
-    class Killed(Exception):
-        pass
-
-    class Probe(pl.Callback):
-        def __init__(self, crash: bool):
-            self.crash = crash
-
-        def on_validation_start(self, trainer, pl_module):  # after RSPOLoop's hook (A swapped in, if B was active)
-            weights = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
-            seen.append((pl_module.iteration, pl_module.env_steps, weights))
-            if self.crash:
-                raise Killed
 
     def fit(crash: bool, ckpt_path=None):
         torch.manual_seed(0)
         m, loop = _module(), _loop(k=2, offline_ratio=0.25)
-        dm = AgentDataModule(
-            env=ENV,
-            groups_per_iteration=4,
-            group_size=2,
-            iterations_per_epoch=50,
-            val_splits=["valid_seen"],
-            num_val_tasks=2,
-        )
-        callbacks = [loop, EnvStepBudget(max_env_steps=1), IterationCheckpoint(dirpath=str(tmp_path)), Probe(crash)]
-        pl.Trainer(
-            max_epochs=10,
-            logger=False,
-            num_sanity_val_steps=0,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            callbacks=callbacks,
-        ).fit(m, dm, ckpt_path=ckpt_path, weights_only=True)
+        callbacks = [loop, EnvStepBudget(max_env_steps=1)]
+        fit_checkpointed(m, ENV, callbacks, tmp_path, ValidationProbe(seen, crash), 4, 10, ckpt_path)
         return m, loop
 
-    with pytest.raises(Killed):
+    with pytest.raises(KilledInValidation):
         fit(crash=True)
     m, loop = fit(crash=False, ckpt_path=str(tmp_path / "last.ckpt"))
     (it, steps, weights), again = seen
