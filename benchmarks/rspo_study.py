@@ -109,7 +109,8 @@ COPY_MODEL = ("--model.policy.tiny.copy_init=true", "--model.rollout.template=co
 # llm: the quickstart env played by SmolLM2-135M-Instruct (configs/llm/), 256 + 256 held-out tasks. Its
 # untrained start and a random policy are one shared record (benchmarks/llm_start.py), so the runs skip the
 # validation before training (over an hour a split pair on one thread with the hf backend) and validate once,
-# when the budget stops them (EnvStepBudget's last validation); the curve between is the start and that end.
+# when the budget stops them (EnvStepBudget's last validation) or, for an RSPO run, at the end of the loop that
+# brings A to the a_updates axis's N (make_job: its one epoch is those loops); the curve is the start and that end.
 LLM = {**QUICK, "num_valid_seen": 256, "num_valid_unseen": 256}
 # llm_r2: the same with 2 receptacles, the smallest change after 0 wins in 512 training episodes at 4 (docs/llm.md):
 # a uniformly random admissible policy wins 19.1 % / 22.3 % there (docs/data/llm_study/start_easier_random.json)
@@ -170,16 +171,21 @@ class Run:
     # run to the env-step budget even past the a_updates axis's N (a lean loop's A gets there early)
     to_budget: bool = False
 
+    def iterations(self, a_updates: int) -> int | None:
+        """The iterations of the loops that bring A to ``a_updates`` updates (None: the run goes to
+        its budget)."""
+        if self.loop is None or self.to_budget:
+            return None
+        return -(-a_updates // self.k) * self.loop
+
     def max_epochs(self, a_updates: int) -> int:
         """An RSPO run stops at the end of the loop that brings A to ``a_updates`` updates (or at its
         env-step budget, if that comes first): the next loop's points count in neither final (its
         first new A comes past the budget x 1.05 in every setting here: 47-49k steps for the hard
         setting's 40k), so running it costs a quarter of the run and changes no number. A base run
         (and RSPO_H, one A update per iteration) runs to its budget."""
-        if self.loop is None or self.to_budget:
-            return 1000
-        iterations = -(-a_updates // self.k) * self.loop
-        return -(-iterations // self.iterations_per_epoch)
+        iterations = self.iterations(a_updates)
+        return 1000 if iterations is None else -(-iterations // self.iterations_per_epoch)
 
     @property
     def iterations_per_epoch(self) -> int:
@@ -355,13 +361,24 @@ class Job:
 def make_job(setting: str, run: str, seed: int, budget: int, val_tasks: int = 128, extra: tuple[str, ...] = ()) -> Job:
     """The job of ``RUNS[run]`` in ``SETTINGS[setting]`` (``extra``: more CLI overrides, last)."""
     spec = RUNS[run]
+    a_updates = DEFAULT_A_UPDATES.get(setting, 9)
+    setting_overrides = SETTING_OVERRIDES.get(setting, ())
+    iterations = spec.iterations(a_updates)
+    # a setting that validates only at the end sets one long epoch; an RSPO run there makes its one epoch
+    # the loops to A's N-th update, so that it still stops (and validates) at that loop's end
+    stop = (
+        (f"--data.iterations_per_epoch={iterations}", "--trainer.max_epochs=1")
+        if iterations is not None and any(o.startswith("--data.iterations_per_epoch=") for o in setting_overrides)
+        else ()
+    )
     overrides = (
         *(o.replace("{seed}", str(seed)) for o in spec.overrides),
         f"--data.env.kwargs={json.dumps(SETTINGS[setting])}",
-        f"--trainer.max_epochs={spec.max_epochs(DEFAULT_A_UPDATES.get(setting, 9))}",
+        f"--trainer.max_epochs={spec.max_epochs(a_updates)}",
         f"--data.iterations_per_epoch={spec.iterations_per_epoch}",
         f"--data.num_val_tasks={val_tasks}",
-        *SETTING_OVERRIDES.get(setting, ()),
+        *setting_overrides,
+        *stop,
         *extra,
     )
     config = SETTING_CONFIGS.get(setting, {}).get(spec.config)
@@ -600,6 +617,56 @@ def run_one(
         f"final valid_seen {_pts(record['finals']['env_steps']['valid_seen'])} (env steps axis), "
         f"{_pts(record['finals']['a_updates']['valid_seen'])} (A updates axis)"
     )
+    return record
+
+
+def record_validated_apart(job: Job, records, out_runs, iteration: int, validation_path) -> dict:
+    """The record of an RSPO run whose fit went past the loop end where the study stops it (the llm
+    settings lost that stop before make_job's fix): its history up to ``iteration`` from its
+    ``last.ckpt``, and the validation of that agent A made apart (``benchmarks/llm_start.py
+    --only policy --extra=--ckpt_path=<a copy of the checkpoint>``, a record with ``valid_seen`` and
+    ``valid_unseen`` under ``untrained``). Refused unless every iteration the checkpoint holds past
+    ``iteration`` left A unchanged (B's phase: ``rspo/a_iterations`` the same), so the A validated
+    is the A of ``iteration``. The record says so under ``validated_apart``."""
+    rec_path = record_path(job, records)
+    if rec_path.exists():
+        raise SystemExit(f"{rec_path} exists: delete it first to rebuild {job.key}'s record")
+    rd = run_dir(job, out_runs)
+    history = checkpoint_history(rd / "checkpoints" / "last.ckpt")
+    train = {int(k): v for k, v in (history or {}).get("train", {}).items()}
+    if iteration not in train:
+        raise SystemExit(f"{job.key}: its checkpoint holds iterations {sorted(train)}, not {iteration}")
+    updates = {i: train[i].get("rspo/a_iterations") for i in train if i >= iteration}
+    if updates[iteration] is None or len(set(updates.values())) != 1:
+        raise SystemExit(
+            f"{job.key}: agent A's updates (rspo/a_iterations) past iteration {iteration} were {updates}: "
+            "the checkpoint's A is not that iteration's"
+        )
+    validation = json.loads(Path(validation_path).read_text())
+    scores = validation["untrained"]
+    history = {
+        **history,
+        "train": {str(i): v for i, v in train.items() if i <= iteration},
+        "val": {
+            str(iteration): {
+                "val/success_rate": scores["valid_seen"]["success_rate"],
+                "val_unseen/success_rate": scores["valid_unseen"]["success_rate"],
+            }
+        },
+        "finished": True,
+        "extra_iterations": max(train) - iteration,
+    }
+    record = build_record(job, history, _read_json(rd / "attempts.json", []), rd)
+    record["wall_s"] += scores.get("wall_s", 0.0)
+    record["validated_apart"] = {
+        "iteration": iteration,
+        "checkpoint_iterations": max(train),
+        "validation": str(validation_path),
+        "extra": validation.get("extra"),
+        "wins": {split: [scores[split]["wins"], scores[split]["n"]] for split in ("valid_seen", "valid_unseen")},
+    }
+    record = _json_safe(record)
+    _write_json(rec_path, record)
     return record
 
 
@@ -1037,6 +1104,13 @@ def main(argv: list[str] | None = None) -> None:
         "--keep-checkpoints", action="store_true", help="keep a run's checkpoints after its record is written"
     )
     p.add_argument("--summarise-only", action="store_true", help="run nothing: summarise the records")
+    p.add_argument(
+        "--validated-apart",
+        nargs=2,
+        metavar=("ITERATION", "VALIDATION_JSON"),
+        help="write the one planned RSPO run's record from its checkpoint's history up to ITERATION and A's "
+        "validation made apart (record_validated_apart); fit nothing",
+    )
     p.add_argument("--dry-run", action="store_true", help="print each planned run's state and command; run nothing")
     p.add_argument(
         "--rebudget",
@@ -1060,6 +1134,16 @@ def main(argv: list[str] | None = None) -> None:
     jobs = list(dict.fromkeys(make_job(st, n, s, budgets[st], args.val_tasks, tuple(args.extra)) for st, n, s in plan))
 
     failed = []
+    if args.validated_apart:
+        if len(jobs) != 1:
+            raise SystemExit(f"--validated-apart takes one planned run, not {len(jobs)}")
+        record = record_validated_apart(
+            jobs[0], args.records, args.out_runs, int(args.validated_apart[0]), args.validated_apart[1]
+        )
+        print(
+            f"{jobs[0].key}: {record['iterations']} iterations, {record['env_steps']} env steps, finals {record['finals']}"
+        )
+        return
     if args.dry_run:
         for job in jobs:
             rd = run_dir(job, args.out_runs)

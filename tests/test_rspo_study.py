@@ -404,9 +404,16 @@ def test_llm_setting_plays_the_llm_configs_and_validates_at_the_end():
     assert rspo.config == rspo_h.config == "configs/llm/smollm2_rspo.yaml"
     assert "--data.reward_mode=outcome+dense" in shaped.overrides
     assert "--trainer.callbacks.replay_from=history" in rspo_h.overrides
-    for job in (grpo, shaped, rspo, rspo_h):
+    for job in (grpo, shaped, rspo_h):
         # the setting's overrides come last, so they win over the run's validation interval of 3
         assert job.overrides[-3:] == study.SETTING_OVERRIDES["llm"]
+    # an RSPO run's one epoch is the loops that bring A to the axis's N (9: 3 loops of 7), then it stops
+    assert rspo.overrides[-5:] == (
+        *study.SETTING_OVERRIDES["llm"],
+        "--data.iterations_per_epoch=21",
+        "--trainer.max_epochs=1",
+    )
+    for job in (grpo, shaped, rspo, rspo_h):
         env = json.loads(next(o for o in job.overrides if o.startswith("--data.env.kwargs=")).split("=", 1)[1])
         assert env["num_valid_seen"] == env["num_valid_unseen"] == 256 and env["num_receptacles"] == 4
     assert study.rollout_backend(grpo) == "hf"
@@ -417,7 +424,7 @@ def test_llm_setting_plays_the_llm_configs_and_validates_at_the_end():
         study.make_job("llm", "gigpo", 0, 4500)
     # llm_r2: the same runs with 2 receptacles (the easier setting)
     r2 = study.make_job("llm_r2", "grpo_rspo", 0, 2240, val_tasks=256)
-    assert r2.config == "configs/llm/smollm2_rspo.yaml" and r2.overrides[-3:] == study.SETTING_OVERRIDES["llm"]
+    assert r2.config == "configs/llm/smollm2_rspo.yaml" and r2.overrides[-5:-2] == study.SETTING_OVERRIDES["llm"]
     env = json.loads(next(o for o in r2.overrides if o.startswith("--data.env.kwargs=")).split("=", 1)[1])
     assert env["num_receptacles"] == 2 and env["num_valid_seen"] == 256
     # llm_sft: the 4-receptacle env from the SFT warm start (the source override comes last, so it wins)
@@ -425,6 +432,58 @@ def test_llm_setting_plays_the_llm_configs_and_validates_at_the_end():
     assert sft.overrides[-1] == f"--model.policy.source={study.SFT_POLICY}"
     env = json.loads(next(o for o in sft.overrides if o.startswith("--data.env.kwargs=")).split("=", 1)[1])
     assert env["num_receptacles"] == 4 and env["num_valid_unseen"] == 256
+
+
+def test_an_rspo_run_in_a_setting_validated_at_the_end_stops_at_its_loop(tmp_path, monkeypatch):
+    """The llm settings validate once (one long epoch); before, that long epoch also overrode the
+    RSPO run's stop at the loop that completes its A updates, so RSPO ran on to the loop crossing
+    the budget (a second loop that counts in neither final). A tiny RSPO run with k = 1 (a loop
+    is explore, collect, exploit) and N = 1 stops after its 3 iterations, well inside its budget,
+    and validates there."""
+    monkeypatch.setitem(study.SETTINGS, "tiny_end", study.QUICK)
+    monkeypatch.setitem(study.SETTING_OVERRIDES, "tiny_end", ("--data.iterations_per_epoch=1000",))
+    monkeypatch.setitem(study.DEFAULT_A_UPDATES, "tiny_end", 1)
+    job = study.make_job("tiny_end", "grpo_rspo_k1", 0, 200, val_tasks=4, extra=TINY[:2])
+    record = study.run_one(job, tmp_path / "records", tmp_path / "runs", log=lambda m: None)
+    # one loop: at most 3 x 4 episodes x 10 turns = 120 steps, below the budget of 200 that would
+    # otherwise have stopped it at the end of a later loop
+    assert record["iterations"] == 3 and record["env_steps"] < 200
+    assert record["curve"][-1]["step"] == 3 and record["curve"][-1]["a_updates"] == 1
+    assert record["finals"]["a_updates"]["steps"] == [0, 3]  # the last two distinct A: the start and the loop's
+
+
+def test_a_record_from_a_checkpoint_and_a_validation_made_apart(tmp_path, monkeypatch):
+    """An RSPO run that went one iteration (B's explore) past its loop end: its record keeps the
+    iterations up to the loop end and takes A's validation from the separate record; refused where
+    the checkpoint's A is not the loop end's."""
+    job = study.make_job("llm_sft", "grpo_rspo", 0, 2000, val_tasks=256)
+    a_its = {1: 0, 2: 0, 3: 0, 4: 0, 5: 1, 6: 2, 7: 3, 8: 3}  # loop 1: 3 explore, collect, 3 exploit; 8: loop 2's B
+    train = {str(i): {"rollout/env_steps": 250 * i, "rspo/a_iterations": a} for i, a in a_its.items()}
+    monkeypatch.setattr(
+        study, "checkpoint_history", lambda path: {"train": train, "val": {}, "finished": False, "extra_iterations": 0}
+    )
+    rd = study.run_dir(job, tmp_path / "runs")
+    rd.mkdir(parents=True)
+    (rd / "attempts.json").write_text(json.dumps([{"attempt": 0, "started": 0.0, "wall_s": 100.0, "budget": 2000}]))
+    scores = {
+        "valid_seen": {"wins": 97, "n": 256, "success_rate": 97 / 256},
+        "valid_unseen": {"wins": 89, "n": 256, "success_rate": 89 / 256},
+        "wall_s": 50.0,
+    }
+    val = tmp_path / "loop1_A_seed0.json"
+    val.write_text(json.dumps({"untrained": scores, "extra": ["--ckpt_path=x.ckpt"]}))
+    with pytest.raises(SystemExit, match=r"past iteration 6 were \{6: 2, 7: 3, 8: 3\}"):
+        study.record_validated_apart(job, tmp_path / "records", tmp_path / "runs", 6, val)
+    record = study.record_validated_apart(job, tmp_path / "records", tmp_path / "runs", 7, val)
+    assert record["iterations"] == 7 and record["env_steps"] == 1750 and record["a_updates"] == 3
+    assert record["extra_iterations_after_stop"] == 1 and record["wall_s"] == 150.0
+    assert record["curve"] == [
+        {"step": 7, "env_steps": 1750, "a_updates": 3, "valid_seen": 97 / 256, "valid_unseen": 89 / 256}
+    ]
+    assert record["validated_apart"]["wins"] == {"valid_seen": [97, 256], "valid_unseen": [89, 256]}
+    assert json.loads(study.record_path(job, tmp_path / "records").read_text()) == record
+    with pytest.raises(SystemExit, match="exists"):
+        study.record_validated_apart(job, tmp_path / "records", tmp_path / "runs", 7, val)
 
 
 def test_every_attempt_records_its_machine():
