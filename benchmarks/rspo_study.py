@@ -1014,7 +1014,7 @@ def summarise(
     entries = summary_entries(records, n_by)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     _write_json(Path(out + ".json"), entries)
-    lines = table(records, entries, n_by, records_dir)
+    lines = table(records, entries, n_by, records_dir) + matched_lines(records, records_dir)
     Path(out + "_table.md").write_text("\n".join(lines) + "\n")
     settings = list(dict.fromkeys(r["setting"] for r in records))  # records are in SETTINGS order
     if plot:
@@ -1043,6 +1043,129 @@ def summarise(
                     parts.append(f"{run} {100 * m:+.1f} ± {100 * s:.1f} (n={len(d)})")
             summary.append(f"rspo_minus_grpo_{setting}_{axis}: " + (", ".join(parts) if parts else "–"))
     return entries, lines + [""] + summary
+
+
+# -- matched comparison (the llm settings: a start record and one validation per run) ---------------
+# the start every run of a setting begins at (benchmarks/llm_start.py's record, in the records folder): each
+# curve's point at 0 environment steps and 0 A updates
+STARTS = {"llm": "start.json", "llm_r2": "start_r2.json", "llm_sft": "start_sft.json"}
+MATCHED = (("grpo_rspo", "grpo"), ("grpo_rspo", "grpo_shaped"), ("grpo_rspo_h", "grpo"), ("grpo_rspo_h", "grpo_shaped"))
+SPLITS = ("valid_seen", "valid_unseen")
+
+
+def interpolate(points: list[tuple[float, float]], x: float) -> float:
+    """The piecewise-linear curve through ``points`` (sorted by x) at ``x``; NaN outside them."""
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[0][1] if points and x == points[0][0] else float("nan")
+
+
+def val_tasks(record: dict) -> int:
+    """Validation tasks per split of a record's run (its last ``--data.num_val_tasks``)."""
+    return int([o for o in record["overrides"] if o.startswith("--data.num_val_tasks=")][-1].split("=", 1)[1])
+
+
+def start_of(setting: str, records_dir) -> dict | None:
+    """``{split: (rate, n)}`` of the setting's start record, None without one."""
+    path = Path(records_dir) / STARTS.get(setting, "-")
+    if not path.is_file():
+        return None
+    scores = json.loads(path.read_text())["untrained"]
+    return {split: (scores[split]["success_rate"], scores[split]["n"]) for split in SPLITS}
+
+
+def matched(records: list[dict], records_dir) -> list[dict]:
+    """Each RSPO-type run's end against each rival's curve at the same environment steps and at
+    the same A updates, seed by seed (``MATCHED``): the rival's curve is its validations with the
+    setting's start at 0, linear between them (NaN past its end: no extrapolation)."""
+    out = []
+    for setting in dict.fromkeys(r["setting"] for r in records):
+        start = start_of(setting, records_dir)
+        if start is None:
+            continue
+        by = {(r["run"], r["seed"]): r for r in records if r["setting"] == setting}
+        for run, rival in MATCHED:
+            for seed in sorted(s for (n, s) in by if n == run and (rival, s) in by):
+                end = distinct_weights(by[run, seed]["curve"])[-1]
+                rival_curve = distinct_weights(by[rival, seed]["curve"])
+                for axis in AXES:
+                    row = {"setting": setting, "run": run, "rival": rival, "seed": seed, "axis": axis, "at": end[axis]}
+                    for split in SPLITS:
+                        points = [(0, start[split][0])] + [(p[axis], p[split]) for p in rival_curve]
+                        row[split] = {"run": end[split], "rival": interpolate(points, end[axis])}
+                        row[split]["diff"] = row[split]["run"] - row[split]["rival"]
+                    out.append(row)
+    return out
+
+
+def matched_lines(records: list[dict], records_dir) -> list[str]:
+    """Markdown: every run's end with its Wilson interval beside the start's (target 1: the end's
+    interval above the start's), then ``matched`` (target 2), per seed and as mean ± std."""
+    from llm_start import wilson
+
+    def cell(rate: float, n: int) -> str:
+        wins = round(rate * n)
+        low, high = wilson(wins, n)
+        return f"{wins}/{n} = {100 * rate:.1f} % [{100 * low:.1f}, {100 * high:.1f}]"
+
+    lines = []
+    for setting in dict.fromkeys(r["setting"] for r in records):
+        start = start_of(setting, records_dir)
+        if start is None:
+            continue
+        lines += [
+            "",
+            f"{setting}: each run's end, 95 % Wilson intervals; above = the interval lies above the start's.",
+            "",
+            "| run | seed | env steps | A updates | valid_seen | above | valid_unseen | above |",
+            "|---|---|---|---|---|---|---|---|",
+            f"| start ({STARTS[setting]}) | – | 0 | 0 | {cell(*start['valid_seen'])} | – | {cell(*start['valid_unseen'])} | – |",
+        ]
+        for r in (r for r in records if r["setting"] == setting):
+            end, n = distinct_weights(r["curve"])[-1], val_tasks(r)
+            above = {
+                split: wilson(round(end[split] * n), n)[0]
+                > wilson(round(start[split][0] * start[split][1]), start[split][1])[1]
+                for split in SPLITS
+            }
+            lines.append(
+                f"| {r['run']} | {r['seed']} | {end['env_steps']} | {end['a_updates']} | "
+                f"{cell(end['valid_seen'], n)} | {'yes' if above['valid_seen'] else 'no'} | "
+                f"{cell(end['valid_unseen'], n)} | {'yes' if above['valid_unseen'] else 'no'} |"
+            )
+        rows = [m for m in matched(records, records_dir) if m["setting"] == setting]
+        if not rows:
+            continue
+        lines += [
+            "",
+            f"{setting}: run - rival in points, the rival's curve (start, its validations) linear at the run's end "
+            "(its environment steps, or its A updates); – = past the rival's end.",
+            "",
+            "| run | rival | axis | per seed: run - rival (at) | valid_seen mean ± std | valid_unseen mean ± std | n |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for run, rival in MATCHED:
+            for axis in AXES:
+                group = [m for m in rows if (m["run"], m["rival"], m["axis"]) == (run, rival, axis)]
+                if not group:
+                    continue
+                per_seed = ", ".join(
+                    f"s{m['seed']}: {100 * m['valid_seen']['diff']:+.1f} ({m['at']})"
+                    if m["valid_seen"]["diff"] == m["valid_seen"]["diff"]
+                    else f"s{m['seed']}: – ({m['at']})"
+                    for m in group
+                )
+                ms = {}
+                for split in SPLITS:
+                    d = [m[split]["diff"] for m in group if m[split]["diff"] == m[split]["diff"]]
+                    mean, std = mean_std(d) if d else (float("nan"), float("nan"))
+                    ms[split] = "–" if not d else f"{100 * mean:+.1f} ± {100 * std:.1f}"
+                n = sum(m["valid_seen"]["diff"] == m["valid_seen"]["diff"] for m in group)
+                lines.append(
+                    f"| {run} | {rival} | {axis} | {per_seed} | {ms['valid_seen']} | {ms['valid_unseen']} | {n} |"
+                )
+    return lines
 
 
 # -- plan ------------------------------------------------------------------------------------

@@ -486,6 +486,61 @@ def test_a_record_from_a_checkpoint_and_a_validation_made_apart(tmp_path, monkey
         study.record_validated_apart(job, tmp_path / "records", tmp_path / "runs", 7, val)
 
 
+def test_matched_comparison_interpolates_the_rival_from_the_start(tmp_path):
+    """Target (2) of issue 43: RSPO's end against GRPO's curve (start at 0, then its validations)
+    at RSPO's environment steps and at its A updates; nothing past the rival's end."""
+
+    def record(run, seed, env_steps, a_updates, seen, unseen):
+        point = {"step": 7, "env_steps": env_steps, "a_updates": a_updates, "valid_seen": seen, "valid_unseen": unseen}
+        return {
+            "setting": "llm_sft",
+            "run": run,
+            "seed": seed,
+            "overrides": ["--data.num_val_tasks=100"],
+            "curve": [point],
+        }
+
+    scores = {"valid_seen": {"success_rate": 0.30, "n": 100}, "valid_unseen": {"success_rate": 0.20, "n": 100}}
+    (tmp_path / "start_sft.json").write_text(json.dumps({"untrained": scores}))
+    records = [
+        record("grpo", 0, 2000, 7, 0.44, 0.34),
+        record("grpo_rspo", 0, 1500, 3, 0.40, 0.30),
+        record("grpo", 1, 2000, 7, 0.60, 0.20),
+        record("grpo_rspo", 1, 2100, 3, 0.60, 0.20),  # past GRPO's last step: no env-steps point
+    ]
+    rows = study.matched(records, tmp_path)
+    assert [(m["seed"], m["axis"], m["at"]) for m in rows] == [
+        (0, "env_steps", 1500),
+        (0, "a_updates", 3),
+        (1, "env_steps", 2100),
+        (1, "a_updates", 3),
+    ]
+    # seed 0: GRPO at 1,500 of its 2,000 steps: 0.30 + 0.75 x (0.44 - 0.30) = 0.405; at 3 of its 7 updates: 0.30 + 3/7 x 0.14 = 0.36
+    assert rows[0]["valid_seen"]["rival"] == pytest.approx(0.405) and rows[0]["valid_seen"]["diff"] == pytest.approx(
+        -0.005
+    )
+    assert rows[1]["valid_seen"]["rival"] == pytest.approx(0.36) and rows[1]["valid_seen"]["diff"] == pytest.approx(
+        0.04
+    )
+    # valid_unseen from its own start: 0.20 + 0.75 x 0.14 = 0.305; 0.20 + 3/7 x 0.14 = 0.26
+    assert rows[0]["valid_unseen"]["diff"] == pytest.approx(-0.005) and rows[1]["valid_unseen"][
+        "diff"
+    ] == pytest.approx(0.04)
+    assert math.isnan(rows[2]["valid_seen"]["diff"])
+    # seed 1 at 3 updates: 0.30 + 3/7 x 0.30 = 0.428571...
+    assert rows[3]["valid_seen"]["rival"] == pytest.approx(0.30 + 3 / 7 * 0.30)
+    lines = study.matched_lines(records, tmp_path)
+    # 60/100: Wilson's lower bound ~0.502 above the start's upper ~0.396; 40/100: ~0.309, not above
+    assert "| grpo | 1 | 2000 | 7 | 60/100 = 60.0 % [50.2, 69.1] | yes | 20/100 = 20.0 % [13.3, 28.9] | no |" in lines
+    assert (
+        "| grpo_rspo | 0 | 1500 | 3 | 40/100 = 40.0 % [30.9, 49.8] | no | 30/100 = 30.0 % [21.9, 39.6] | no |" in lines
+    )
+    assert "| grpo_rspo | grpo | env_steps | s0: -0.5 (1500), s1: – (2100) | -0.5 ± 0.0 | -0.5 ± 0.0 | 1 |" in lines
+    assert (
+        study.interpolate([(0, 0.1), (10, 0.3)], 10) == pytest.approx(0.3) and study.interpolate([(0, 0.1)], 0) == 0.1
+    )
+
+
 def test_every_attempt_records_its_machine():
     m = study.machine_fingerprint()
     assert m["cores"] == os.cpu_count() and m["torch"] and m["cpu"] and m["mem_kb"] > 0
