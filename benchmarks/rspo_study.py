@@ -57,10 +57,12 @@ the iterations that log it (null where none does), the finals of both axes). The
 after running) writes ``<out>.json`` (one entry per setting, run, seed and axis:
 ``{"setting", "run", "seed", "axis", "env_steps", "a_updates", "valid_seen", "valid_unseen"}``),
 ``<out>_table.md`` (finals per setting / run / axis: mean ± std over seeds and the paired
-difference vs ``grpo`` on the same seeds; diagnostics per setting / run) and ``<out>.png``
+difference vs ``grpo`` on the same seeds; diagnostics per setting / run; in a setting with a start
+record, each run's end with its Wilson interval and ``matched``'s comparison) and ``<out>.png``
 (valid_seen vs environment steps and vs A updates, one row per setting). The last lines printed
 are ``rspo_minus_grpo_<setting>_<axis>: <run> <points> ± <std> (n=<seeds>), ...``, the paired
-valid_seen difference of each run vs grpo in its setting, in points.
+valid_seen difference of each run vs grpo in its setting, in points (in a setting with a start
+record, the llm ones, GRPO's curve interpolated at the run's end: ``matched``).
 """
 
 from __future__ import annotations
@@ -1033,11 +1035,19 @@ def summarise(
                 panels.append((f"{setting}: valid_seen vs {label.split(' (')[0]}", label, curves))
         plot_curves(out + ".png", panels, ncols=2)
     summary = []
+    at_start = matched(records, records_dir)
     for setting in settings:
         for axis in AXES:
             parts = []
             for run in dict.fromkeys(r["run"] for r in records if r["setting"] == setting):
                 d = paired(entries, setting, run, axis, "valid_seen") if run != "grpo" else []
+                if start_of(setting, records_dir) is not None:  # one validation per run: GRPO at the run's end
+                    d = [
+                        m["valid_seen"]["diff"]
+                        for m in at_start
+                        if (m["setting"], m["run"], m["rival"], m["axis"]) == (setting, run, "grpo", axis)
+                        and m["valid_seen"]["diff"] == m["valid_seen"]["diff"]
+                    ]
                 if d:
                     m, s = mean_std(d)
                     parts.append(f"{run} {100 * m:+.1f} ± {100 * s:.1f} (n={len(d)})")
