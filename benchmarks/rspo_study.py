@@ -147,6 +147,9 @@ SETTING_OVERRIDES = {  # a setting's model (and validation) overrides, after the
     "llm_r2": LLM_OVERRIDES,
     "llm_sft": (*LLM_OVERRIDES, f"--model.policy.source={SFT_POLICY}"),
 }
+# a setting's overrides for the runs whose B collects (spec.loop): llm_sft's A also plays the collection's tasks
+# (RSPOLoop collect_baseline: B's collection success against A's on the same tasks, outside the budget)
+COLLECT_OVERRIDES = {"llm_sft": ("--trainer.callbacks.collect_baseline=true",)}
 # a setting's own config for each compare/ config a run names (the run's overrides stay)
 SETTING_CONFIGS = {"llm": LLM_CONFIGS, "llm_r2": LLM_CONFIGS, "llm_sft": LLM_CONFIGS}
 # the settings of --quick-budget and --quick-a-updates (the others: --budget, --a-updates)
@@ -381,6 +384,7 @@ def make_job(setting: str, run: str, seed: int, budget: int, val_tasks: int = 12
         f"--data.num_val_tasks={val_tasks}",
         *setting_overrides,
         *stop,
+        *(COLLECT_OVERRIDES.get(setting, ()) if spec.loop is not None else ()),
         *extra,
     )
     config = SETTING_CONFIGS.get(setting, {}).get(spec.config)

@@ -662,6 +662,51 @@ def test_explore_and_collect_rollouts_all_enter_d_with_their_behaviour_logprobs(
     assert loop.counts["collected_groups"] == 12
 
 
+def test_collect_baseline_plays_a_on_the_collection_s_tasks_outside_d_and_the_budget():
+    """``collect_baseline``: after B's collection the restored A (its weights from the loop's
+    start) plays the same tasks with the same group size; nothing of it enters D, its steps stay
+    out of ``env_steps``, and the logged comparison is the hand count on the two sets of episodes."""
+    torch.manual_seed(0)
+    m = _module()
+    loop = _loop(k=1, offline_ratio=0.25, collect_baseline=True)
+    calls, start, steps = [], {}, []
+    original = m.collect
+
+    def spy(tasks, group_size, policy_tag="A", purpose="train", **kw):
+        out = original(tasks, group_size, policy_tag=policy_tag, purpose=purpose, **kw)
+        calls.append((purpose, policy_tag, [t.task_id for t in tasks], group_size, _params(m), out))
+        return out
+
+    m.collect = spy
+
+    class Probe(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            start.update(_params(pl_module))
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            steps.append(pl_module.env_steps)
+            if loop.phase_of(pl_module.iteration - 1) == "collect":
+                start["d_tags"] = {t.policy_tag for g in loop.buffer.groups for t in g}
+
+    rec = Recorder()
+    _trainer([loop, Probe(), rec], max_epochs=1).fit(m, _dm(ipe=3))  # explore, collect, exploit
+    by_purpose = {c[0]: c for c in calls if c[0].startswith("rspo_collect")}
+    _, b_tag, b_tasks, b_size, _, b_eps = by_purpose["rspo_collect"]
+    _, a_tag, a_tasks, a_size, a_params, a_eps = by_purpose["rspo_collect_baseline"]
+    assert (b_tag, a_tag) == ("B", "A") and a_tasks == b_tasks and a_size == b_size == 2
+    assert len(a_eps) == len(b_eps) == 8
+    assert _equal(a_params, {k: v for k, v in start.items() if k != "d_tags"})  # A: B trained in iteration 0
+    assert start["d_tags"] == {"B"}  # A's baseline episodes are not stored
+    assert steps[1] - steps[0] == sum(len(t.turns) for t in b_eps)  # the collect iteration counts B's steps only
+    metrics = rec.rows[1]["metrics"]
+    a_success = sum(t.success for t in a_eps) / 8
+    b_success = sum(t.success for t in b_eps) / 8
+    assert metrics["rollout_collect_a/success_rate"] == pytest.approx(a_success)
+    assert metrics["rollout_collect_a/progress"] == pytest.approx(sum(t.turns[-1].progress for t in a_eps) / 8)
+    assert metrics["rspo/collect_minus_a"] == pytest.approx(b_success - a_success)
+    assert metrics["rspo/collect_baseline_env_steps"] == sum(len(t.turns) for t in a_eps)
+
+
 def test_without_the_collect_phase_the_last_explore_iteration_is_the_collection():
     torch.manual_seed(0)
     m = _module()

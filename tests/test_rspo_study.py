@@ -430,6 +430,10 @@ def test_llm_setting_plays_the_llm_configs_and_validates_at_the_end():
     # llm_sft: the 4-receptacle env from the SFT warm start (the source override comes last, so it wins)
     sft = study.make_job("llm_sft", "grpo", 0, 2240, val_tasks=256)
     assert sft.overrides[-1] == f"--model.policy.source={study.SFT_POLICY}"
+    # where B collects, A plays the collection's tasks too (a diagnostic outside the budget)
+    baseline = "--trainer.callbacks.collect_baseline=true"
+    assert study.make_job("llm_sft", "grpo_rspo", 0, 2000).overrides[-1] == baseline
+    assert baseline not in study.make_job("llm_sft", "grpo_rspo_h", 0, 2000).overrides + sft.overrides
     env = json.loads(next(o for o in sft.overrides if o.startswith("--data.env.kwargs=")).split("=", 1)[1])
     assert env["num_receptacles"] == 4 and env["num_valid_unseen"] == 256
 

@@ -190,6 +190,12 @@ class RSPOLoop(pl.Callback):
             (``rspo.diagnostics.iteration_alpha``; α still sets the replay slots). Logged as ``rspo/alpha``.
         exploration_window: window of the repeated-anchor-visit metric.
         seed: seed of replay sampling.
+        collect_baseline: a diagnostic: after B's collection, the restored A plays the same tasks
+            with the same group size, so B's collection success is compared with A's on the
+            same tasks (``rollout_collect_a/*``, ``rspo/collect_minus_a`` = B's success minus
+            A's). A's episodes are neither stored nor trained, and their environment steps are
+            left out of the module's ``env_steps`` (the budget) and logged apart
+            (``rspo/collect_baseline_env_steps``).
 
     The clip centre of replayed rows is the module's (``algorithm.clip_mode``, ``clip_max_centre``);
     the fair end of a budgeted run is ``at_loop_end`` (``EnvStepBudget``). Variants of the loop
@@ -214,6 +220,7 @@ class RSPOLoop(pl.Callback):
         offline_weighting: choices.OfflineWeighting = "alpha",
         exploration_window: int = 4,
         seed: int = 0,
+        collect_baseline: bool = False,
     ):
         if k < 1:
             raise ValueError(f"RSPOLoop k must be >= 1 (iterations per phase), got {k}")
@@ -232,7 +239,7 @@ class RSPOLoop(pl.Callback):
         self.k, self.offline_ratio, self.collect_groups = k, offline_ratio, collect_groups
         self.dense_reward, self.explorer_reward, self.replay_from = dense_reward, explorer_reward, replay_from
         self.offline_weighting, self.replay_baseline = offline_weighting, replay_baseline
-        self.exploration_window = exploration_window
+        self.exploration_window, self.collect_baseline = exploration_window, collect_baseline
         # With the online baseline a replay's advantage is only known once A has played its task.
         self.buffer = ReplayBuffer(
             capacity=capacity,
@@ -248,6 +255,8 @@ class RSPOLoop(pl.Callback):
         self._replay_frac = 0.0
         self._advantages = None  # the module's outcome_advantages, if it offers one
         self.explored: list[Trajectory] = []
+        self.baseline: list[Trajectory] = []  # A's episodes on the collection's tasks (collect_baseline)
+        self._baseline_steps = 0
 
     # -- schedule -------------------------------------------------------------------------
     @property
@@ -327,9 +336,21 @@ class RSPOLoop(pl.Callback):
             self._store(played, count=True)
             self.explored = played
             self._restore_a(pl_module)
+            if self.collect_baseline:
+                self._play_baseline(pl_module, tasks, batch.group_size, temperature)
         replayed = sum(len(g) for g in batch.replay)
         played_n = len(batch.tasks) * batch.group_size if plan.updates and batch.played is None else 0
         self._replay_frac = replayed / max(replayed + played_n, 1)
+
+    def _play_baseline(self, pl_module, tasks: list, group_size: int, temperature: dict) -> None:
+        """A (restored) plays the collection's tasks: a diagnostic, its steps outside the budget."""
+        before = getattr(pl_module, "env_steps", None)
+        self.baseline = pl_module.collect(
+            tasks, group_size, policy_tag="A", purpose="rspo_collect_baseline", **temperature
+        )
+        if before is not None:
+            self._baseline_steps = pl_module.env_steps - before
+            pl_module.env_steps = before
 
     def begin_loop(self, pl_module, n: int) -> None:
         """A new loop at iteration ``n``: D cleared (A's own recent groups stay under
@@ -378,6 +399,13 @@ class RSPOLoop(pl.Callback):
             self.explored_iteration(pl_module, played, j, values, reused)
         elif phase == "collect":
             values.update(episode_metrics(self.explored, "rollout_collect", self.exploration_window))
+            if self.collect_baseline and self.baseline and self.explored:
+                values.update(episode_metrics(self.baseline, "rollout_collect_a", self.exploration_window))
+                values["rspo/collect_minus_a"] = (
+                    values["rollout_collect/success_rate"] - values["rollout_collect_a/success_rate"]
+                )
+                values["rspo/collect_baseline_env_steps"] = float(self._baseline_steps)
+            self.baseline = []
         else:
             self.counts["a_iterations"] += 1
             if self.replay_from in ("history", "both"):
