@@ -94,10 +94,10 @@ def run_ours(args) -> dict:
 
     n_max = args.prompts * GROUP_SIZE * args.max_steps
     rollout = dict(constrained_decoding=True, max_new_tokens=args.max_new_tokens, template="household", temperature=1.0)
-    policy, lr, llm_algo = dict(source="smollm2"), 1e-6, {}
+    policy, lr, llm_algo = dict(source=args.policy_source), 1e-6, {}
     if args.llm_config:  # the LLM config's own training choices, on this benchmark's env and workload
         model_cfg = llm_config(args.llm_config)
-        policy = dict(model_cfg["policy"])
+        policy = dict(model_cfg["policy"], source=args.policy_source)
         rollout = dict(model_cfg["rollout"], backend="hf", temperature=1.0)
         lr = float(model_cfg["optim"]["lr"])
         keep = ("drop_zero_advantage", "invalid_action_penalty")
@@ -125,13 +125,15 @@ def run_ours(args) -> dict:
             }
         ),
     )
-    ends, steps, tokens = [], [], []
+    ends, steps, tokens, wins, rows = [], [], [], [], []
 
     class Clock(pl.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             ends.append(time.perf_counter())
             steps.append(sum(len(t.turns) for t in pl_module.last_trajectories))
             tokens.append(pl_module.engine.stats["generated_tokens"])
+            wins.append(sum(t.success for t in pl_module.last_trajectories))
+            rows.append(float(trainer.callback_metrics.get("train/samples", float("nan"))))
 
     dm = AgentDataModule(
         env=EnvConfig(kwargs=env_kwargs(args)),
@@ -158,6 +160,8 @@ def run_ours(args) -> dict:
         "intervals": [b - a for a, b in zip(ends, ends[1:])],
         "env_steps": steps[1:],
         "generated_tokens": [b - a for a, b in zip(tokens, tokens[1:])],
+        "wins": wins[1:],
+        "rows_trained": rows[1:],  # 0 where drop_zero_advantage skipped every row (no group held a win)
     }
 
 
@@ -174,7 +178,7 @@ def run_trl(args) -> dict:
     from rspo_lightning.language_model import load_policy
     from rspo_lightning.rollout import ActionTrie, TrieConstraint
 
-    model, tok = load_policy("smollm2")
+    model, tok = load_policy(args.policy_source)
     model.train()
     tok.chat_template = qwen2_5_chat_template  # a template TRL knows how to parse tool calls from
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
@@ -351,6 +355,13 @@ def main() -> None:
     p.add_argument(
         "--llm-config", default=None, help="train each side as this LLM config does (LoRA, lr; ours: its rollout)"
     )
+    p.add_argument(
+        "--policy-source",
+        default="smollm2",
+        help="both sides' model: smollm2 or a local HF directory, e.g. the study's SFT warm start runs/llm_sft/hf, "
+        "whose groups win some episodes (untrained SmolLM2 wins none, so with --llm-config's drop_zero_advantage "
+        "our side would skip its update while TRL's runs its own)",
+    )
     p.add_argument("--out", default=None)
     p.add_argument("--side", choices=["ours", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -388,6 +399,8 @@ def main() -> None:
         str(args.max_new_tokens),
         "--max-completion-length",
         str(args.max_completion_length),
+        "--policy-source",
+        args.policy_source,
     ] + (["--llm-config", os.path.abspath(args.llm_config)] if args.llm_config else [])
     results = {}
     for name, python in (("trl", args.trl_python), ("ours", sys.executable)):
@@ -401,6 +414,7 @@ def main() -> None:
             flush=True,
         )
     trl_r, ours = results["trl"], results["ours"]
+    print(f"ours: episodes won per measured iteration {ours['wins']}, rows trained {ours['rows_trained']}")
     print(
         f"versions: {json.dumps(trl_r['versions'])}; TRL generate calls {trl_r['generate_calls']}, "
         f"generated tokens {trl_r['generated_tokens_total']}; logs in {args.out}"
