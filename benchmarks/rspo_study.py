@@ -1020,7 +1020,8 @@ def summarise(
     entries = summary_entries(records, n_by)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     _write_json(Path(out + ".json"), entries)
-    lines = table(records, entries, n_by, records_dir) + matched_lines(records, records_dir)
+    at_start = matched(records, records_dir)
+    lines = table(records, entries, n_by, records_dir) + matched_lines(records, records_dir, at_start)
     Path(out + "_table.md").write_text("\n".join(lines) + "\n")
     settings = list(dict.fromkeys(r["setting"] for r in records))  # records are in SETTINGS order
     if plot:
@@ -1039,13 +1040,13 @@ def summarise(
                 panels.append((f"{setting}: valid_seen vs {label.split(' (')[0]}", label, curves))
         plot_curves(out + ".png", panels, ncols=2)
     summary = []
-    at_start = matched(records, records_dir)
     for setting in settings:
+        has_start = start_of(setting, records_dir) is not None
         for axis in AXES:
             parts = []
             for run in dict.fromkeys(r["run"] for r in records if r["setting"] == setting):
                 d = paired(entries, setting, run, axis, "valid_seen") if run != "grpo" else []
-                if start_of(setting, records_dir) is not None:  # one validation per run: GRPO at the run's end
+                if has_start:  # one validation per run: GRPO at the run's end
                     d = [
                         m["valid_seen"]["diff"]
                         for m in at_start
@@ -1113,9 +1114,10 @@ def matched(records: list[dict], records_dir) -> list[dict]:
     return out
 
 
-def matched_lines(records: list[dict], records_dir) -> list[str]:
+def matched_lines(records: list[dict], records_dir, at_start: list[dict]) -> list[str]:
     """Markdown: every run's end with its Wilson interval beside the start's (target 1: the end's
-    interval above the start's), then ``matched`` (target 2), per seed and as mean ± std."""
+    interval above the start's), then ``at_start`` (``matched``'s rows: target 2), per seed and as
+    mean ± std."""
     from llm_start import wilson
 
     def cell(rate: float, n: int) -> str:
@@ -1136,19 +1138,16 @@ def matched_lines(records: list[dict], records_dir) -> list[str]:
             "|---|---|---|---|---|---|---|---|",
             f"| start ({STARTS[setting]}) | – | 0 | 0 | {cell(*start['valid_seen'])} | – | {cell(*start['valid_unseen'])} | – |",
         ]
+        start_high = {split: wilson(round(rate * n), n)[1] for split, (rate, n) in start.items()}
         for r in (r for r in records if r["setting"] == setting):
             end, n = distinct_weights(r["curve"])[-1], val_tasks(r)
-            above = {
-                split: wilson(round(end[split] * n), n)[0]
-                > wilson(round(start[split][0] * start[split][1]), start[split][1])[1]
-                for split in SPLITS
-            }
+            above = {split: wilson(round(end[split] * n), n)[0] > start_high[split] for split in SPLITS}
             lines.append(
                 f"| {r['run']} | {r['seed']} | {end['env_steps']} | {end['a_updates']} | "
                 f"{cell(end['valid_seen'], n)} | {'yes' if above['valid_seen'] else 'no'} | "
                 f"{cell(end['valid_unseen'], n)} | {'yes' if above['valid_unseen'] else 'no'} |"
             )
-        rows = [m for m in matched(records, records_dir) if m["setting"] == setting]
+        rows = [m for m in at_start if m["setting"] == setting]
         if not rows:
             continue
         lines += [

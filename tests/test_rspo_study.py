@@ -533,7 +533,7 @@ def test_matched_comparison_interpolates_the_rival_from_the_start(tmp_path):
     assert math.isnan(rows[2]["valid_seen"]["diff"])
     # seed 1 at 3 updates: 0.30 + 3/7 x 0.30 = 0.428571...
     assert rows[3]["valid_seen"]["rival"] == pytest.approx(0.30 + 3 / 7 * 0.30)
-    lines = study.matched_lines(records, tmp_path)
+    lines = study.matched_lines(records, tmp_path, rows)
     # 60/100: Wilson's lower bound ~0.502 above the start's upper ~0.396; 40/100: ~0.309, not above
     assert "| grpo | 1 | 2000 | 7 | 60/100 = 60.0 % [50.2, 69.1] | yes | 20/100 = 20.0 % [13.3, 28.9] | no |" in lines
     assert (
