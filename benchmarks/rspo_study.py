@@ -120,7 +120,8 @@ LLM_R2 = {**LLM, "num_receptacles": 2}
 # llm_sft: the llm setting (4 receptacles) from a short SFT warm start on the env's expert, after 0 wins in
 # 512 + 256 training episodes at 4 and 2 receptacles: the model does not leave its take / put-back loop by RL
 # alone. The warm start is configs/llm/smollm2_sft.yaml's export (64 expert demos, one epoch; docs/llm.md):
-# copy or link it to SFT_POLICY in the worktree the study runs from.
+# copy or link it to SFT_POLICY in the worktree the study runs from. Its demos are the env's default task mix
+# (--env-kwargs '{}'), not this setting's: docs/llm.md.
 SFT_POLICY = "runs/llm_sft/hf"
 SETTINGS = {
     "hard": HARD,
