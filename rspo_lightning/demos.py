@@ -199,7 +199,8 @@ def _expert_command(args: argparse.Namespace) -> None:
     won = sum(t.success for t in trajs)
     print(
         f"wrote {n} expert trajectories ({turns} turns, {won} won) of {env_id} {split} tasks "
-        f"{args.start_task}..{last - 1} to {args.out}"
+        f"{args.start_task}..{last - 1} to {args.out}\nenv kwargs (the tasks' distribution): "
+        f"{json.dumps(env_kwargs, sort_keys=True)}"
     )
     if args.save_policy:
         print(f"policy + tokenizer in {args.save_policy}: set model.policy.source: {args.save_policy}")

@@ -185,6 +185,34 @@ def test_expert_cli_writes_demos_with_the_rl_module_tokenizer(demo_dir):
     assert module.tokenizer.get_vocab() == saved_tok.get_vocab()
 
 
+def test_expert_cli_takes_the_config_env_and_prints_the_kwargs_it_played(tmp_path, capsys):
+    """The demos' task distribution is the config's env unless --env-kwargs replaces it, and the
+    command prints which: the llm_sft warm start's demos came from the env's defaults unnoticed."""
+    import yaml
+
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump({"data": {"env": {"env_id": ENV_ID, "kwargs": EASY}}, "model": {"rollout": ROLLOUT}})
+    )
+    common = ["expert", "--config", str(config), "--tiny", json.dumps(TINY), "--split", "train", "--num-tasks", "2"]
+    common += ["--policy-source", "tiny", "--save-policy", str(tmp_path / "policy")]
+
+    def printed_kwargs() -> str:
+        (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("env kwargs")]
+        return line.split(": ", 1)[1]
+
+    main([*common, "--out", str(tmp_path / "config_env.jsonl")])
+    assert json.loads(printed_kwargs()) == EASY
+    main([*common, "--env-kwargs", "{}", "--out", str(tmp_path / "default_env.jsonl")])
+    assert printed_kwargs() == "{}"
+    # the two differ in the tasks played, not only in what is printed
+    config_env = load_trajectories(str(tmp_path / "config_env.jsonl"))
+    default_env = load_trajectories(str(tmp_path / "default_env.jsonl"))
+    assert [t.task_type for t in config_env] != [t.task_type for t in default_env] or [
+        t.turns[0].observation for t in config_env
+    ] != [t.turns[0].observation for t in default_env]
+
+
 @pytest.mark.parametrize(
     "rollout_kw",
     [ROLLOUT, {"template": "household", "history_window": 1, "constrained_decoding": True, "max_new_tokens": 12}],
