@@ -332,6 +332,8 @@ DIAGNOSTICS = {  # table column: logged tag (mean over the iterations that log i
     "collect success": "rollout_collect/success_rate",
     "collect progress": "rollout_collect/progress",
     "collect repeat": "rollout_collect/repeat_visits",
+    "collect A success": "rollout_collect_a/success_rate",  # RSPOLoop(collect_baseline): A on the collection's tasks
+    "collect - A": "rspo/collect_minus_a",
     "replay row share": "rspo/replay_frac",
     "replay token share": "rspo/replay_token_share",
     "replay loss share": "rspo/replay_loss_share",

@@ -147,6 +147,8 @@ def test_curve_and_diagnostics_of_a_history():
     train["5"]["rollout/success_rate"] = 0.2
     train["7"]["rollout/success_rate"] = 0.4
     train["1"]["rollout_b0/repeat_visits"], train["2"]["rollout_b1/repeat_visits"] = 0.1, 0.3
+    train["4"]["rollout_collect/success_rate"], train["4"]["rollout_collect_a/success_rate"] = 0.5, 0.25
+    train["4"]["rspo/collect_minus_a"] = 0.25
     val = {str(s): {"val/success_rate": s / 10, "val_unseen/success_rate": s / 20} for s in (0, 7)}
     history = {"train": train, "val": val}
     assert study.curve_of(history) == [_point(0, 0, 0, 0.0, 0.0), _point(7, 700, 3, 0.7, 0.35)]
@@ -158,6 +160,7 @@ def test_curve_and_diagnostics_of_a_history():
     assert study.diagnostics(late)["late:rollout/repeat_visits"] == pytest.approx((0.5 + 0.6 + 0.7) / 3)  # 5..7
     assert d["rspo/replay_frac"] == pytest.approx(1.5 / 7)
     assert d["rollout_b*/repeat_visits"] == pytest.approx(0.2)  # a pattern: every B_j's values
+    assert (d["rollout_collect_a/success_rate"], d["rspo/collect_minus_a"]) == (0.25, 0.25)  # collect_baseline's
     assert math.isnan(d["rspo/buffer_wins"]) and set(d) == set(study.DIAGNOSTICS.values())
 
 
