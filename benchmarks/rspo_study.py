@@ -70,6 +70,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
+import hashlib
 import json
 import math
 import os
@@ -490,6 +491,7 @@ def launch(
         "machine": machine_fingerprint(),
         "log": log.name,
         "commit": commit(),
+        "policy_sha256": policy_weights(job),
         **_job_args(job),
     }
     if resume:
@@ -508,6 +510,27 @@ def launch(
     _write_json(rd / "attempts.json", [*attempts, {**entry, "pid": proc.pid}])
     _write_json(lock, proc.pid)
     return proc
+
+
+def policy_weights(job: Job) -> dict[str, str] | None:
+    """sha256 of each ``*.safetensors`` file of the directory a job's last ``--model.policy.source``
+    override names (relative to the repository root, or absolute), by file name: what the run
+    starts from (the llm_sft warm start); None when the source is no such directory (tiny, smollm2)."""
+    source = next((o.split("=", 1)[1] for o in reversed(job.overrides) if o.startswith("--model.policy.source=")), None)
+    if source is None:
+        return None
+    path = Path(source) if Path(source).is_absolute() else ROOT / source
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
+    if not files:
+        return None
+    out = {}
+    for f in files:
+        digest = hashlib.sha256()
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        out[f.name] = digest.hexdigest()
+    return out
 
 
 def rollout_backend(job: Job) -> str:
@@ -822,6 +845,8 @@ def build_record(
         "commit": attempts[-1].get("commit") if attempts else None,
         "rollout_backend": rollout_backend(job),
         "machines": [a.get("machine") for a in attempts],  # one fingerprint per attempt (None: older records)
+        # the start's weights per attempt (policy_weights; None: no weights directory, or older records)
+        "policy_sha256": [a.get("policy_sha256") for a in attempts],
         "resumed": [a.get("resumed_from_iteration") for a in attempts if a.get("resumed")],
         # the budget each attempt ran under, where one differs from the record's (--rebudget)
         "budget_changes": [

@@ -1,6 +1,7 @@
 """benchmarks/rspo_study.py: finals on both axes, the summary from records alone, and a killed
 study run that resumes from its last.ckpt to the same record as an uninterrupted one."""
 
+import dataclasses
 import json
 import math
 import os
@@ -299,8 +300,9 @@ VOLATILE = (
     "attempts",
     "commit",
     "machines",
+    "policy_sha256",  # per attempt, as machines (the same weights in each, here none)
     "resumed",
-)  # the machine's, not the run's
+)  # the machine's or the attempt's, not the run's
 
 
 def _stable(record: dict) -> dict:
@@ -551,6 +553,23 @@ def test_matched_comparison_interpolates_the_rival_from_the_start(tmp_path):
 def test_every_attempt_records_its_machine():
     m = study.machine_fingerprint()
     assert m["cores"] == os.cpu_count() and m["torch"] and m["cpu"] and m["mem_kb"] > 0
+
+
+def test_every_attempt_records_the_weights_its_policy_source_names(tmp_path):
+    """The llm_sft runs start from an SFT export; its hash in each attempt makes a rebuilt export checkable."""
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "config.json").write_text("{}")  # not weights: not hashed
+    job = study.make_job("llm_sft", "grpo", 0, 2000, val_tasks=256)
+    assert job.overrides[-1] == f"--model.policy.source={study.SFT_POLICY}"  # relative: under the repository root
+    job = dataclasses.replace(job, overrides=(*job.overrides, f"--model.policy.source={tmp_path}"))
+    got = study.policy_weights(job)
+    # sha256 of b"weights", from `printf weights | sha256sum`
+    assert got == {"model.safetensors": "9a129038d9a00aed0cf6a7ea059ca50a813449061ab87848cf1a13eafdf33b2c"}
+    assert study.policy_weights(study.make_job("llm", "grpo", 0, 2000)) is None  # smollm2: no weights directory
+    attempt = {"attempt": 0, "config": job.config, "overrides": list(job.overrides), "budget": 2000}
+    history = {"train": {"1": {"rollout/env_steps": 300.0}}, "val": {}}
+    record = study.build_record(job, history, [{**attempt, "policy_sha256": got}, attempt])
+    assert record["policy_sha256"] == [got, None]  # per attempt; None where an attempt (an older one) has none
 
 
 def test_a_run_resumed_under_another_budget_is_refused_unless_rebudget_and_then_disclosed(tmp_path):
