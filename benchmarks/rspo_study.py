@@ -70,7 +70,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
-import hashlib
 import json
 import math
 import os
@@ -83,6 +82,7 @@ from pathlib import Path
 
 from _runs import ROOT, commit, mean_std, parse_seeds, plot_curves
 
+from rspo_lightning.checkpointing import file_sha256
 from rspo_lightning.runfiles import pid_alive
 
 BENCH = Path(__file__).resolve().parent
@@ -523,14 +523,7 @@ def policy_weights(job: Job) -> dict[str, str] | None:
     files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
     if not files:
         return None
-    out = {}
-    for f in files:
-        digest = hashlib.sha256()
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-        out[f.name] = digest.hexdigest()
-    return out
+    return {f.name: file_sha256(str(f)) for f in files}
 
 
 def rollout_backend(job: Job) -> str:
