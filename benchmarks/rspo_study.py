@@ -512,11 +512,16 @@ def launch(
     return proc
 
 
+def last_override(overrides, key: str) -> str | None:
+    """The value of the last ``<key>=<value>`` among CLI ``overrides`` (the one the CLI applies); None if none."""
+    return next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith(key + "=")), None)
+
+
 def policy_weights(job: Job) -> dict[str, str] | None:
     """sha256 of each ``*.safetensors`` file of the directory a job's last ``--model.policy.source``
     override names (relative to the repository root, or absolute), by file name: what the run
     starts from (the llm_sft warm start); None when the source is no such directory (tiny, smollm2)."""
-    source = next((o.split("=", 1)[1] for o in reversed(job.overrides) if o.startswith("--model.policy.source=")), None)
+    source = last_override(job.overrides, "--model.policy.source")
     if source is None:
         return None
     path = Path(source) if Path(source).is_absolute() else ROOT / source
@@ -528,9 +533,9 @@ def policy_weights(job: Job) -> dict[str, str] | None:
 
 def rollout_backend(job: Job) -> str:
     """The rollout backend a job's fit uses: its last ``--model.rollout.backend`` override, else its config's."""
-    for o in reversed(job.overrides):
-        if o.startswith("--model.rollout.backend="):
-            return o.split("=", 1)[1]
+    backend = last_override(job.overrides, "--model.rollout.backend")
+    if backend is not None:
+        return backend
     import yaml
 
     cfg = yaml.safe_load((ROOT / job.config).read_text()) or {}
@@ -1099,7 +1104,7 @@ def interpolate(points: list[tuple[float, float]], x: float) -> float:
 
 def val_tasks(record: dict) -> int:
     """Validation tasks per split of a record's run (its last ``--data.num_val_tasks``)."""
-    return int([o for o in record["overrides"] if o.startswith("--data.num_val_tasks=")][-1].split("=", 1)[1])
+    return int(last_override(record["overrides"], "--data.num_val_tasks"))
 
 
 def start_of(setting: str, records_dir) -> dict | None:
